@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Bring up a Docker engine for sandloop. Idempotent: safe to run any number of times.
+#
+# - If `docker info` already answers, nothing is touched (a user who has Docker keeps theirs).
+# - Otherwise, as root on Debian: install the engine and gVisor from Debian's packages, register
+#   runsc as a runtime, and start dockerd in the background, logging to $SANDLOOP_DOCKERD_LOG.
+# - Where that is impossible (not root, no apt), print what the user must do and exit 1.
+set -euo pipefail
+
+LOG="${SANDLOOP_DOCKERD_LOG:-/var/log/sandloop-dockerd.log}"
+DAEMON_JSON=/etc/docker/daemon.json
+PIDFILE=/var/run/docker.pid
+
+say() { printf 'engine-up: %s\n' "$*" >&2; }
+
+engine_answers() { timeout 10 docker info >/dev/null 2>&1; }
+
+runsc_registered() { timeout 10 docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; }
+
+if engine_answers; then
+    if runsc_registered; then
+        say "Docker engine already running (runsc registered); nothing to do."
+    else
+        say "Docker engine already running; gVisor (runsc) is not registered, runsc tests will skip."
+        say "To add it: install runsc and add a \"runsc\" runtime with runtimeArgs [\"--network=none\"] to $DAEMON_JSON."
+    fi
+    exit 0
+fi
+
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    cat >&2 <<MSG
+engine-up: no Docker engine answers and this script can only install one as root on Debian.
+Do one of:
+  - install Docker (https://docs.docker.com/engine/install/) and start it, then add your user to
+    the 'docker' group (or export DOCKER_HOST to a reachable engine);
+  - or re-run this script as root on Debian/Ubuntu: sudo $0
+Then check with: docker info
+MSG
+    exit 1
+fi
+
+need=()
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v runsc >/dev/null 2>&1 || need+=(runsc)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+if [ ${#need[@]} -gt 0 ]; then
+    say "installing ${need[*]} from Debian's packages"
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# Register gVisor. --network=none is required: this runsc refuses `--network none` containers
+# ("cannot run with network enabled in root network namespace") without it.
+mkdir -p /etc/docker
+if [ ! -s "$DAEMON_JSON" ]; then
+    RUNSC="$(command -v runsc)"
+    cat > "$DAEMON_JSON" <<JSON
+{
+  "runtimes": {
+    "runsc": {"path": "$RUNSC", "runtimeArgs": ["--platform=ptrace", "--network=none"]}
+  }
+}
+JSON
+    say "registered runsc in $DAEMON_JSON"
+elif ! grep -q runsc "$DAEMON_JSON"; then
+    say "$DAEMON_JSON exists and has no runsc runtime; leaving it alone (runsc tests will skip)"
+fi
+
+# A pid file left by a daemon that died blocks the next start.
+if [ -f "$PIDFILE" ] && ! kill -0 "$(cat "$PIDFILE" 2>/dev/null)" 2>/dev/null; then
+    say "removing stale $PIDFILE"
+    rm -f "$PIDFILE"
+fi
+
+if ! pgrep -x dockerd >/dev/null 2>&1; then
+    say "starting dockerd (log: $LOG)"
+    # setsid + nohup: the daemon must outlive this script and the shell that ran it.
+    setsid nohup dockerd >>"$LOG" 2>&1 </dev/null &
+fi
+
+for _ in $(seq 1 60); do
+    if engine_answers; then
+        say "Docker engine ready"
+        exit 0
+    fi
+    sleep 0.5
+done
+say "dockerd did not answer within 30 s; see $LOG"
+tail -n 20 "$LOG" >&2 || true
+exit 1

@@ -1,0 +1,30 @@
+"""Contract types. Imports nothing from backends, front ends or providers: dependencies point here."""
+
+from sandloop.contract.errors import (
+    EngineUnavailable,
+    ImageMissing,
+    InvalidArgument,
+    InvalidLimits,
+    RuntimeUnavailable,
+    SandboxBusy,
+    SandboxError,
+    UnknownLanguage,
+)
+from sandloop.contract.limits import DEFAULT_LIMITS, SandboxLimits, format_size, parse_size
+from sandloop.contract.result import ExecutionResult
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "EngineUnavailable",
+    "ExecutionResult",
+    "ImageMissing",
+    "InvalidArgument",
+    "InvalidLimits",
+    "RuntimeUnavailable",
+    "SandboxBusy",
+    "SandboxError",
+    "SandboxLimits",
+    "UnknownLanguage",
+    "format_size",
+    "parse_size",
+]

@@ -1,0 +1,37 @@
+"""``ExecutionResult``: what a run of user code produced. Code failing is data, not an exception."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from sandloop.contract.limits import SandboxLimits
+
+
+class ExecutionResult(BaseModel):
+    """The outcome of running code once.
+
+    ``exit_code`` is the process's exit status, or -1 when the sandbox killed it for running past
+    its timeout. Killed by a signal N reads as 128+N (137 for SIGKILL, e.g. an OOM kill).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int
+    duration_seconds: float = Field(description="Wall clock from the call until the result was known.")
+    timed_out: bool = False
+    oom_killed: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    stdout_dropped_bytes: int = Field(0, description="Bytes of stdout read past the cap and dropped.")
+    stderr_dropped_bytes: int = Field(0, description="Bytes of stderr read past the cap and dropped.")
+    language: str = "python"
+    timeout_seconds: float = 30.0
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def ok(self) -> bool:
+        """The code exited 0 and was not killed for time."""
+        return self.exit_code == 0 and not self.timed_out

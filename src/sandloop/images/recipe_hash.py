@@ -1,0 +1,39 @@
+"""Image names derived from the recipe's content, so an image is rebuilt only when it changes."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+RECIPE_DIR = Path(__file__).with_name("recipe")
+#: Files that make up the base (debootstrap + wheels) and the full runtime image.
+BASE_FILES = ("packages.txt", "requirements.txt")
+RUNTIME_FILES = ("Dockerfile", "launcher.py", *BASE_FILES)
+#: Bump to force a rebuild when the build procedure itself changes.
+BUILD_VERSION = "1"
+SUITE = "bookworm"
+
+
+def _digest(files: tuple[str, ...]) -> str:
+    h = hashlib.sha256(f"{BUILD_VERSION}:{SUITE}".encode())
+    for name in files:
+        h.update(name.encode() + b"\0")
+        h.update((RECIPE_DIR / name).read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:12]
+
+
+@functools.cache
+def recipe_hash() -> str:
+    return _digest(RUNTIME_FILES)
+
+
+def base_tag() -> str:
+    return f"sandloop-base:{_digest(BASE_FILES)}"
+
+
+def runtime_image() -> str:
+    """The default runtime image's name; ``SANDLOOP_IMAGE`` overrides it."""
+    return os.environ.get("SANDLOOP_IMAGE") or f"sandloop-runtime:{recipe_hash()}"

@@ -1,0 +1,104 @@
+"""``run_code``: the one-shot entry point. Validates input, then hands a ``RunRequest`` to a backend."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+from sandloop import languages
+from sandloop.contract import DEFAULT_LIMITS, ExecutionResult, InvalidArgument, SandboxLimits
+from sandloop.images import runtime_image
+from sandloop.runtime.base import Backend, RunRequest
+
+#: Longest timeout a single run may ask for (a day). Anything longer is a mistake, not a job.
+MAX_TIMEOUT_SECONDS = 24 * 3600
+#: Largest program accepted; it is staged on the sandbox's /tmp tmpfs.
+MAX_CODE_BYTES = 16 * 1024 * 1024
+MAX_STDIN_BYTES = 64 * 1024 * 1024
+
+_backend_lock = threading.Lock()
+_backend: Backend | None = None
+
+
+def default_backend() -> Backend:
+    """The process-wide Docker backend, created on first use."""
+    global _backend
+    with _backend_lock:
+        if _backend is None:
+            from sandloop.runtime.docker_engine import DockerBackend
+
+            _backend = DockerBackend()
+        return _backend
+
+
+def set_backend(backend: Backend | None) -> None:
+    """Replace the process-wide backend (tests, or a backend pointed at another engine)."""
+    global _backend
+    with _backend_lock:
+        _backend = backend
+
+
+def _as_bytes(value: str | bytes | None, what: str, limit: int) -> bytes:
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        data = value.encode("utf-8", errors="surrogateescape")
+    elif isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+    else:
+        raise InvalidArgument(f"{what} must be str or bytes, got {type(value).__name__}")
+    if len(data) > limit:
+        raise InvalidArgument(f"{what} is {len(data)} bytes; the most accepted is {limit}. Send less.")
+    return data
+
+
+def check_timeout(timeout_seconds: float) -> float:
+    if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int | float):
+        raise InvalidArgument(f"timeout_seconds must be a number, got {type(timeout_seconds).__name__}")
+    t = float(timeout_seconds)
+    if not math.isfinite(t) or t <= 0 or t > MAX_TIMEOUT_SECONDS:
+        raise InvalidArgument(
+            f"timeout_seconds must be > 0 and <= {MAX_TIMEOUT_SECONDS}, got {timeout_seconds!r}"
+        )
+    return t
+
+
+def build_request(
+    code: str | bytes,
+    language: str = "python",
+    timeout_seconds: float = 30,
+    *,
+    limits: SandboxLimits | None = None,
+    stdin: str | bytes | None = None,
+) -> RunRequest:
+    """Validate ``run_code``'s arguments into a ``RunRequest`` (raises ``SandboxError`` subclasses)."""
+    if limits is None:
+        limits = DEFAULT_LIMITS
+    elif not isinstance(limits, SandboxLimits):
+        raise InvalidArgument(f"limits must be a SandboxLimits, got {type(limits).__name__}")
+    lang = languages.get(language)
+    return RunRequest(
+        code=_as_bytes(code, "code", MAX_CODE_BYTES),
+        language=lang,
+        image=lang.image or runtime_image(),
+        timeout_seconds=check_timeout(timeout_seconds),
+        limits=limits,
+        stdin=_as_bytes(stdin, "stdin", MAX_STDIN_BYTES),
+    )
+
+
+def run_code(
+    code: str | bytes,
+    language: str = "python",
+    timeout_seconds: float = 30,
+    *,
+    limits: SandboxLimits | None = None,
+    stdin: str | bytes | None = None,
+) -> ExecutionResult:
+    """Run ``code`` once in a fresh, hardened, throwaway sandbox and return what happened.
+
+    Code failing (syntax error, non-zero exit, timeout, OOM kill) is a populated
+    ``ExecutionResult``. Only the sandbox failing raises ``SandboxError``. Thread-safe.
+    """
+    request = build_request(code, language, timeout_seconds, limits=limits, stdin=stdin)
+    return default_backend().run(request)

@@ -1,0 +1,392 @@
+"""The Docker engine backend. The only module in sandloop that imports ``docker``.
+
+Each run: create a hardened container (stdin open, log driver none), attach to it *before*
+starting it, start it, send the launcher payload on stdin, read the multiplexed stdout/stderr
+stream against a wall-clock deadline while capping what is kept, then collect the exit status.
+The container is force-removed in a ``finally`` whatever happened; cleanup never raises.
+
+Docker and requests exceptions are mapped to sandloop's errors in exactly one place,
+``engine_errors()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import LogConfig, Ulimit
+
+from sandloop.contract import (
+    EngineUnavailable,
+    ExecutionResult,
+    ImageMissing,
+    InvalidLimits,
+    RuntimeUnavailable,
+    SandboxError,
+    SandboxLimits,
+)
+from sandloop.runtime.base import RunRequest
+
+log = logging.getLogger(__name__)
+
+#: Seconds any single engine call may take before we give up on the engine.
+ENGINE_CALL_TIMEOUT = float(os.environ.get("SANDLOOP_ENGINE_TIMEOUT", "30"))
+#: Payloads up to this size are written inline; larger ones from a thread (the code may never read
+#: its stdin, and a blocked write must not hold up the deadline).
+_INLINE_PAYLOAD = 64 * 1024
+#: The environment every sandbox gets. Nothing from the host's environment is passed in.
+SANDBOX_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "MPLBACKEND": "Agg",
+    "MPLCONFIGDIR": "/tmp/.matplotlib",
+}
+LABEL_PREFIX = "sandloop."
+
+
+@contextlib.contextmanager
+def engine_errors(image: str | None = None, runtime: str | None = None) -> Iterator[None]:
+    """Map docker-py and requests exceptions to sandloop's ``SandboxError`` tree."""
+    try:
+        yield
+    except SandboxError:
+        raise
+    except docker.errors.ImageNotFound as exc:
+        raise ImageMissing(
+            f"image {image!r} is not on this Docker engine. Build it with `sandloop images build` "
+            "(or `make images`)."
+        ) from exc
+    except docker.errors.APIError as exc:
+        text = str(exc.explanation or exc)
+        lowered = text.lower()
+        if "runtime" in lowered and ("unknown" in lowered or "not found" in lowered or "no such" in lowered):
+            raise RuntimeUnavailable(
+                f"the Docker engine has no {runtime!r} runtime ({text}). Register gVisor with "
+                "scripts/engine-up.sh, or use runtime='runc'."
+            ) from exc
+        if exc.status_code == 404 and "image" in lowered:
+            raise ImageMissing(
+                f"image {image!r} is not on this Docker engine. Build it with `sandloop images build`."
+            ) from exc
+        if exc.status_code is not None and 400 <= exc.status_code < 500 and exc.status_code != 404:
+            raise InvalidLimits(f"the Docker engine refused these limits: {text}") from exc
+        raise EngineUnavailable(f"the Docker engine failed: {text}") from exc
+    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
+        raise EngineUnavailable(
+            f"the Docker engine did not answer ({type(exc).__name__}). Start it with "
+            "scripts/engine-up.sh (or your system's service manager) and check `docker info`."
+        ) from exc
+    except docker.errors.DockerException as exc:
+        raise EngineUnavailable(
+            f"cannot reach a Docker engine: {exc}. Start one with scripts/engine-up.sh, "
+            "or set DOCKER_HOST, then check `docker info`."
+        ) from exc
+
+
+class _CappedStream:
+    """Keeps the first ``limit`` bytes of a stream and counts the rest, never storing it."""
+
+    __slots__ = ("data", "dropped", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.dropped = 0
+
+    def feed(self, chunk: bytes | memoryview) -> None:
+        room = self.limit - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+            self.dropped += max(0, len(chunk) - room)
+        else:
+            self.dropped += len(chunk)
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+class _Demuxer:
+    """Incremental parser for Docker's multiplexed attach stream (8-byte frame headers).
+
+    Routes payload bytes as they arrive, so a frame is never buffered whole.
+    """
+
+    def __init__(self, stdout: _CappedStream, stderr: _CappedStream) -> None:
+        self._targets = {1: stdout, 2: stderr}
+        self._header = bytearray()
+        self._remaining = 0
+        self._target: _CappedStream | None = None
+
+    def feed(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self._remaining == 0:
+                need = 8 - len(self._header)
+                self._header += view[:need]
+                view = view[need:]
+                if len(self._header) < 8:
+                    return
+                self._target = self._targets.get(self._header[0])
+                self._remaining = int.from_bytes(self._header[4:8], "big")
+                self._header.clear()
+                continue
+            take = view[: self._remaining]
+            if self._target is not None:
+                self._target.feed(take)
+            self._remaining -= len(take)
+            view = view[len(take) :]
+
+
+def _raw_socket(attached: Any) -> socket.socket:
+    return getattr(attached, "_sock", attached)
+
+
+class DockerBackend:
+    """Runs each request in a fresh, hardened, single-use container on a Docker engine."""
+
+    def __init__(self, base_url: str | None = None, *, call_timeout: float = ENGINE_CALL_TIMEOUT) -> None:
+        self._base_url = base_url
+        self._call_timeout = call_timeout
+        self._api: docker.APIClient | None = None
+        self._lock = threading.Lock()
+
+    # -- engine connection -------------------------------------------------------------------
+    @property
+    def api(self) -> docker.APIClient:
+        with self._lock:
+            if self._api is None:
+                with engine_errors():
+                    if self._base_url:
+                        client = docker.APIClient(
+                            base_url=self._base_url, version="auto", timeout=self._call_timeout, max_pool_size=64
+                        )
+                    else:
+                        client = docker.from_env(timeout=int(self._call_timeout), max_pool_size=64).api
+                    client.ping()
+                self._api = client
+            return self._api
+
+    def close(self) -> None:
+        with self._lock:
+            if self._api is not None:
+                with contextlib.suppress(Exception):
+                    self._api.close()
+                self._api = None
+
+    def info(self) -> dict[str, Any]:
+        with engine_errors():
+            return self.api.info()
+
+    def image_exists(self, image: str) -> bool:
+        with engine_errors(image):
+            try:
+                self.api.inspect_image(image)
+            except docker.errors.ImageNotFound:
+                return False
+            return True
+
+    # -- one run -----------------------------------------------------------------------------
+    def run(self, request: RunRequest) -> ExecutionResult:
+        started = time.monotonic()
+        limits = request.limits
+        api = self.api
+        container_id: str | None = None
+        attached: Any = None
+        writer: threading.Thread | None = None
+        try:
+            with engine_errors(request.image, limits.runtime):
+                container_id = api.create_container(**self.container_config(request))["Id"]
+                attached = api.attach_socket(
+                    container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+                )
+                sock = _raw_socket(attached)
+                api.start(container_id)
+            deadline = time.monotonic() + request.timeout_seconds
+            writer = self._send(sock, request.payload())
+            stdout = _CappedStream(limits.output_limit)
+            stderr = _CappedStream(limits.output_limit)
+            finished = self._pump(sock, deadline, _Demuxer(stdout, stderr))
+            with engine_errors(request.image, limits.runtime):
+                if finished:
+                    exit_code, oom_killed = self._exit_status(container_id)
+                else:
+                    with contextlib.suppress(docker.errors.APIError):
+                        api.kill(container_id)
+                    exit_code, oom_killed = -1, False
+            return ExecutionResult(
+                stdout=stdout.text(),
+                stderr=stderr.text(),
+                exit_code=exit_code,
+                duration_seconds=time.monotonic() - started,
+                timed_out=not finished,
+                oom_killed=oom_killed,
+                stdout_truncated=stdout.dropped > 0,
+                stderr_truncated=stderr.dropped > 0,
+                stdout_dropped_bytes=stdout.dropped,
+                stderr_dropped_bytes=stderr.dropped,
+                language=request.language.name,
+                timeout_seconds=request.timeout_seconds,
+                limits=limits,
+            )
+        finally:
+            if attached is not None:
+                with contextlib.suppress(Exception):
+                    _raw_socket(attached).close()
+                with contextlib.suppress(Exception):
+                    attached.close()
+            if container_id is not None:
+                self._remove(container_id)
+
+    def container_config(self, request: RunRequest) -> dict[str, Any]:
+        """create_container keyword arguments: every isolation control in ``SandboxLimits``."""
+        limits = request.limits
+        api = self.api
+        host_config = api.create_host_config(
+            network_mode="bridge" if limits.network else "none",
+            mem_limit=limits.memory_bytes,
+            memswap_limit=limits.memory_swap_bytes,
+            nano_cpus=int(limits.cpus * 1e9),
+            pids_limit=limits.pids,
+            read_only=limits.read_only,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_bytes},mode=1777"},
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges:true"],
+            ipc_mode="private",
+            ulimits=[Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)],
+            # Output reaches us over the attach stream; a log driver would copy a flood to disk.
+            log_config=LogConfig(type=LogConfig.types.NONE),
+            runtime=limits.runtime,
+        )
+        return {
+            "image": request.image,
+            "stdin_open": True,  # docker-py also sets StdinOnce: our EOF closes the code's stdin
+            "user": limits.user,
+            "environment": dict(SANDBOX_ENV),
+            "working_dir": request.cwd,
+            "hostname": "sandbox",
+            "network_disabled": not limits.network,
+            "labels": {**self.labels("run", request.timeout_seconds), **request.labels},
+            "host_config": host_config,
+        }
+
+    @staticmethod
+    def labels(purpose: str, lifetime_seconds: float) -> dict[str, str]:
+        now = time.time()
+        return {
+            f"{LABEL_PREFIX}owner": f"{socket.gethostname()}:{os.getpid()}",
+            f"{LABEL_PREFIX}purpose": purpose,
+            f"{LABEL_PREFIX}created": f"{now:.0f}",
+            f"{LABEL_PREFIX}expires": f"{now + lifetime_seconds + 60:.0f}",
+        }
+
+    @staticmethod
+    def _send(sock: socket.socket, payload: bytes) -> threading.Thread | None:
+        def write() -> None:
+            try:
+                sock.sendall(payload)
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass  # the container exited or was killed before reading everything
+
+        if len(payload) <= _INLINE_PAYLOAD:
+            write()
+            return None
+        thread = threading.Thread(target=write, name="sandloop-stdin", daemon=True)
+        thread.start()
+        return thread
+
+    @staticmethod
+    def _pump(sock: socket.socket, deadline: float, demux: _Demuxer) -> bool:
+        """Read the attach stream until EOF (True) or the deadline (False)."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            ready, _, _ = select.select([sock], [], [], remaining)
+            if not ready:
+                return False
+            try:
+                data = sock.recv(256 * 1024)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:
+                raise EngineUnavailable(f"lost the connection to the sandbox: {exc}") from exc
+            if not data:
+                return True
+            demux.feed(data)
+
+    def _exit_status(self, container_id: str) -> tuple[int, bool]:
+        status = self.api.wait(container_id, timeout=self._call_timeout)
+        code = int(status.get("StatusCode", -1))
+        oom = False
+        if code != 0:
+            state = self.api.inspect_container(container_id).get("State", {})
+            oom = bool(state.get("OOMKilled"))
+        return code, oom
+
+    def _remove(self, container_id: str) -> None:
+        """Best effort: never raises, so it cannot mask the error that got us here."""
+        try:
+            self.api.remove_container(container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except Exception as exc:  # noqa: BLE001 - cleanup must not raise
+            log.warning("could not remove container %s: %s (the reaper will)", container_id[:12], exc)
+
+
+def limits_summary(limits: SandboxLimits) -> str:
+    return (
+        f"memory={limits.memory} cpus={limits.cpus} pids={limits.pids} network={limits.network} "
+        f"runtime={limits.runtime}"
+    )
+
+
+class DockerImages:
+    """Image operations the offline build needs (import a rootfs tarball, build a Dockerfile)."""
+
+    def __init__(self, backend: DockerBackend) -> None:
+        self._backend = backend
+
+    def exists(self, image: str) -> bool:
+        return self._backend.image_exists(image)
+
+    def import_rootfs(self, stream: Any, image: str) -> None:
+        repository, _, tag = image.partition(":")
+        with engine_errors(image):
+            self._backend.api.import_image(src=stream, repository=repository, tag=tag or "latest", stream_src=True)
+
+    def build(self, context_dir: str, image: str, buildargs: dict[str, str], on_line: Any = None) -> None:
+        with engine_errors(image):
+            for chunk in self._backend.api.build(
+                path=context_dir,
+                tag=image,
+                buildargs=buildargs,
+                network_mode="none",
+                rm=True,
+                forcerm=True,
+                decode=True,
+                timeout=3600,  # a long build must not hit the engine's per-call limit
+            ):
+                if "error" in chunk:
+                    raise SandboxError(f"building {image} failed: {chunk['error'].strip()}")
+                line = chunk.get("stream", "").rstrip()
+                if line and on_line is not None:
+                    on_line(line)
+
+    def tag(self, image: str, alias: str) -> None:
+        repository, _, tag = alias.partition(":")
+        with engine_errors(image):
+            self._backend.api.tag(image, repository, tag or "latest")
