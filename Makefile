@@ -1,0 +1,36 @@
+# The two commands a new user needs (both do all the set-up themselves):
+#   make run    set up, then run the examples through the sandbox
+#   make test   set up, then run the whole test suite
+VENV ?= .venv
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-fast images lint bench clean
+
+setup:
+	bash scripts/setup.sh
+
+run: setup
+	@echo "== examples/hello.py (python, runc) =="
+	$(VENV)/bin/sandloop run examples/hello.py
+	@echo "== examples/hello.js (node, runc) =="
+	$(VENV)/bin/sandloop run examples/hello.js
+	@echo "== examples/hello.py under gVisor (runsc) =="
+	$(VENV)/bin/sandloop run --runtime runsc examples/hello.py
+	@echo "== examples/memory_hog.py (killed at the 256m ceiling: exit 137 is expected) =="
+	-$(VENV)/bin/sandloop run examples/memory_hog.py
+	@echo "== the same run as JSON =="
+	$(VENV)/bin/sandloop run --json examples/hello.js
+
+test: setup
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# Unit tests only: no engine, no image.
+test-fast:
+	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
+
+images:
+	$(VENV)/bin/sandloop images build
+
+lint:
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests

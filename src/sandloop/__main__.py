@@ -1,0 +1,3 @@
+from sandloop.cli.app import main
+
+main()

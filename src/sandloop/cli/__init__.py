@@ -1,0 +1,1 @@
+"""Command-line front end. Holds no logic: translates to and from the core."""

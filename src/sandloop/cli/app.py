@@ -1,0 +1,198 @@
+"""``sandloop`` command line (typer + rich).
+
+Exit codes: the code's own exit code; 124 when the sandbox killed it for time; 125 when the
+sandbox itself failed (no engine, no image, bad arguments); 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sandloop import languages
+from sandloop.contract import SandboxError, SandboxLimits
+from sandloop.notes import sandbox_notes
+
+EXIT_TIMEOUT = 124
+EXIT_SANDBOX = 125
+
+app = typer.Typer(
+    name="sandloop",
+    help="Run LLM-written code in throwaway, hardened containers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+images_app = typer.Typer(help="Build and inspect the runtime images (offline: no registry needed).", no_args_is_help=True)
+app.add_typer(images_app, name="images")
+
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+_EXTENSIONS = {".py": "python", ".js": "node", ".mjs": "node", ".cjs": "node", ".sh": "bash", ".bash": "bash"}
+
+
+def _fail(message: str, code: int = EXIT_SANDBOX) -> typer.Exit:
+    err.print(f"[bold red]sandloop:[/] {message}", markup=True, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@app.command()
+def run(
+    file: Annotated[Optional[Path], typer.Argument(help="Program to run; '-' or nothing reads it from stdin.")] = None,
+    language: Annotated[
+        Optional[str], typer.Option("-l", "--language", help="python, node, bash (default: from the file extension, else python).")
+    ] = None,
+    timeout: Annotated[float, typer.Option("-t", "--timeout", help="Wall-clock seconds before the sandbox kills the run.")] = 30,
+    memory: Annotated[str, typer.Option("--memory", help="Memory ceiling, e.g. 256m, 1g.")] = "256m",
+    cpus: Annotated[float, typer.Option("--cpus", help="CPU share.")] = 0.5,
+    network: Annotated[bool, typer.Option("--network/--no-network", help="Give the sandbox a network (off by default).")] = False,
+    runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor).")] = "runc",
+    input_file: Annotated[
+        Optional[Path], typer.Option("--stdin", help="File whose content is the program's stdin (when the program itself comes from a file).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole result as JSON on stdout.")] = False,
+) -> None:
+    """Run a program in a fresh sandbox: `sandloop run hello.py`, `echo 'print(6*7)' | sandloop run`."""
+    from sandloop.runner import run_code
+
+    if file is None or str(file) == "-":
+        code = sys.stdin.read()
+        stdin_data = None
+    else:
+        try:
+            code = file.read_text()
+        except OSError as exc:
+            raise _fail(f"cannot read {file}: {exc.strerror}", 2) from None
+        stdin_data = None
+    if input_file is not None:
+        try:
+            stdin_data = input_file.read_bytes()
+        except OSError as exc:
+            raise _fail(f"cannot read {input_file}: {exc.strerror}", 2) from None
+    lang = language or (_EXTENSIONS.get(file.suffix.lower()) if file is not None else None) or "python"
+    try:
+        limits = SandboxLimits(memory=memory, cpus=cpus, network=network, runtime=runtime)
+        result = run_code(code, lang, timeout, limits=limits, stdin=stdin_data)
+    except SandboxError as exc:
+        if as_json:
+            print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+        raise _fail(str(exc)) from None
+    if as_json:
+        print(result.model_dump_json(indent=2))
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stdout.flush()
+        sys.stderr.write(result.stderr)
+        sys.stderr.flush()
+        for note in sandbox_notes(result):
+            if result.ok and note.startswith("the program ran and printed nothing"):
+                continue
+            err.print(f"[yellow]sandloop:[/] {note}", soft_wrap=True)
+    if result.timed_out:
+        raise typer.Exit(EXIT_TIMEOUT)
+    raise typer.Exit(result.exit_code if 0 <= result.exit_code <= 255 else 1)
+
+
+@app.command()
+def doctor(
+    smoke: Annotated[bool, typer.Option("--smoke/--no-smoke", help="Also run print(1) on each runtime.")] = True,
+) -> None:
+    """Check the engine, the runtimes and the images, and say how to fix what is missing."""
+    from sandloop.images import runtime_image
+    from sandloop.runner import run_code
+    from sandloop.runtime.docker_engine import DockerBackend
+
+    table = Table("check", "status", "detail / fix", show_lines=False)
+    healthy = True
+    backend = DockerBackend()
+    try:
+        info = backend.info()
+    except SandboxError as exc:
+        table.add_row("docker engine", "[red]missing[/]", f"{exc}")
+        out.print(table)
+        raise typer.Exit(1) from None
+    table.add_row("docker engine", "[green]ok[/]", f"{info.get('ServerVersion')} ({info.get('Driver')}, cgroup v{info.get('CgroupVersion', '?')})")
+    runtimes = set(info.get("Runtimes", {}))
+    for rt in ("runc", "runsc"):
+        if rt in runtimes:
+            table.add_row(f"runtime {rt}", "[green]ok[/]", "registered")
+        else:
+            if rt == "runc":
+                healthy = False
+            table.add_row(f"runtime {rt}", "[yellow]missing[/]", "run scripts/engine-up.sh as root to register gVisor (runsc)")
+    image = runtime_image()
+    have_image = backend.image_exists(image)
+    if have_image:
+        table.add_row("runtime image", "[green]ok[/]", image)
+    else:
+        healthy = False
+        table.add_row("runtime image", "[red]missing[/]", f"{image}: build it with `sandloop images build`")
+    if smoke and have_image:
+        for rt in ("runc", "runsc"):
+            if rt not in runtimes:
+                continue
+            try:
+                r = run_code("print(1)", limits=SandboxLimits(runtime=rt), timeout_seconds=60)
+                good = r.ok and r.stdout == "1\n"
+                healthy &= good
+                table.add_row(f"run on {rt}", "[green]ok[/]" if good else "[red]failed[/]", f"{r.duration_seconds * 1000:.0f} ms; exit {r.exit_code} {r.stderr[-200:]}")
+            except SandboxError as exc:
+                healthy = False
+                table.add_row(f"run on {rt}", "[red]failed[/]", str(exc))
+    out.print(table)
+    raise typer.Exit(0 if healthy else 1)
+
+
+@images_app.command("build")
+def images_build(
+    base: Annotated[
+        Optional[str], typer.Option("--from", help="Build the Dockerfile from this pullable base (e.g. debian:bookworm-slim) instead of debootstrap.")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the recipe did not change.")] = False,
+) -> None:
+    """Build the runtime image (python + numpy/pandas/matplotlib, node, bash). Takes about a minute."""
+    from sandloop.images.build import build_runtime
+
+    with err.status("building the runtime image ...") as status:
+
+        def progress(line: str) -> None:
+            status.update(line[:110])
+            if not line.startswith(("docker build:", "debootstrap:", "pip wheels:")):
+                err.print(line)
+
+        try:
+            image = build_runtime(base=base, force=force, progress=progress)
+        except SandboxError as exc:
+            raise _fail(str(exc)) from None
+    out.print(image)
+
+
+@images_app.command("name")
+def images_name() -> None:
+    """Print the runtime image name this version of sandloop expects."""
+    from sandloop.images import runtime_image
+
+    out.print(runtime_image())
+
+
+@app.command("languages")
+def list_languages() -> None:
+    """List the registered languages."""
+    for name in languages.names():
+        lang = languages.get(name)
+        out.print(f"{name}\t{' '.join(lang.command)} {lang.file_name}\taliases: {', '.join(lang.aliases) or '-'}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
