@@ -75,12 +75,12 @@ class SandboxLimits(BaseModel):
             )
             raise InvalidLimits(f"invalid SandboxLimits: {problems}") from None
 
-    @field_validator("memory", "tmpfs_size")
+    @field_validator("memory", "tmpfs_size", mode="before")
     @classmethod
     def _size(cls, v: str | int) -> str:
         return format_size(parse_size(v))
 
-    @field_validator("memory_swap")
+    @field_validator("memory_swap", mode="before")
     @classmethod
     def _swap(cls, v: str | int | None) -> str | None:
         return None if v is None else format_size(parse_size(v))

@@ -1,0 +1,74 @@
+"""Shared fixtures. Tests under integration/ and adversarial/ need a real Docker engine.
+
+Without one they skip, unless SANDLOOP_REQUIRE_DOCKER=1 (CI), where they fail instead.
+The ``runtime`` fixture runs a test on runc and on runsc (gVisor).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+
+from sandloop import SandboxLimits
+
+REQUIRE_DOCKER = os.environ.get("SANDLOOP_REQUIRE_DOCKER") == "1"
+HERE = Path(__file__).parent
+
+
+def _missing(reason: str) -> None:
+    if REQUIRE_DOCKER:
+        pytest.fail(f"{reason} (SANDLOOP_REQUIRE_DOCKER=1, so this fails instead of skipping)")
+    pytest.skip(reason)
+
+
+@functools.cache
+def engine_state() -> tuple[str | None, set[str]]:
+    """(problem or None, registered runtimes)."""
+    from sandloop.images import runtime_image
+    from sandloop.runtime.docker_engine import DockerBackend
+
+    backend = DockerBackend()
+    try:
+        info = backend.info()
+        if not backend.image_exists(runtime_image()):
+            return f"runtime image {runtime_image()} is not built (run `sandloop images build`)", set()
+        return None, set(info.get("Runtimes", {}))
+    except Exception as exc:  # noqa: BLE001 - any failure means "no usable engine"
+        return f"no usable Docker engine: {exc}", set()
+    finally:
+        backend.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(HERE).parts
+        if parts and parts[0] in ("integration", "adversarial"):
+            item.add_marker(pytest.mark.docker)
+
+
+@pytest.fixture(autouse=True)
+def _needs_docker(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("docker"):
+        problem, _ = engine_state()
+        if problem:
+            _missing(problem)
+
+
+@pytest.fixture(params=["runc", pytest.param("runsc", marks=pytest.mark.runsc)])
+def runtime(request: pytest.FixtureRequest) -> str:
+    name = request.param
+    problem, runtimes = engine_state()
+    if problem:
+        _missing(problem)
+    if name not in runtimes:
+        _missing(f"the engine has no {name} runtime (scripts/engine-up.sh registers gVisor)")
+    return name
+
+
+@pytest.fixture
+def limits(runtime: str) -> SandboxLimits:
+    """The default limits on the runtime under test."""
+    return SandboxLimits(runtime=runtime)

@@ -1,0 +1,80 @@
+import docker.errors
+import pytest
+import requests
+
+import sandloop
+from sandloop import (
+    EngineUnavailable,
+    ExecutionResult,
+    ImageMissing,
+    InvalidLimits,
+    RuntimeUnavailable,
+    SandboxError,
+    SandboxLimits,
+)
+from sandloop.runtime.docker_engine import DockerBackend, engine_errors
+
+
+def test_public_api_is_what_it_should_be():
+    assert sorted(sandloop.__all__) == sorted(
+        [
+            "EngineUnavailable", "ExecutionResult", "ImageMissing", "InvalidArgument", "InvalidLimits",
+            "Language", "RuntimeUnavailable", "SandboxBusy", "SandboxError", "SandboxLimits",
+            "UnknownLanguage", "__version__", "run_code",
+        ]
+    )
+
+
+def test_contract_imports_no_backend():
+    import subprocess
+    import sys
+
+    code = "import sys, sandloop.contract; print('docker' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_ok_is_exit_zero_and_not_timed_out():
+    assert ExecutionResult(exit_code=0, duration_seconds=0.1).ok
+    assert not ExecutionResult(exit_code=1, duration_seconds=0.1).ok
+    assert not ExecutionResult(exit_code=-1, timed_out=True, duration_seconds=0.1).ok
+    assert ExecutionResult(exit_code=0, duration_seconds=0.1).model_dump()["ok"] is True
+
+
+def _raise(exc):
+    with engine_errors(image="img:1", runtime="runsc"):
+        raise exc
+
+
+def _api_error(status, text):
+    resp = requests.Response()
+    resp.status_code = status
+    return docker.errors.APIError(text, response=resp, explanation=text)
+
+
+@pytest.mark.parametrize(
+    "exc, expected, fragment",
+    [
+        (docker.errors.ImageNotFound("No such image"), ImageMissing, "sandloop images build"),
+        (_api_error(500, 'Unknown runtime specified runsc'), RuntimeUnavailable, "engine-up.sh"),
+        (_api_error(400, "Range of CPUs is from 0.01 to 2.00"), InvalidLimits, "Range of CPUs"),
+        (_api_error(500, "something broke"), EngineUnavailable, "something broke"),
+        (requests.exceptions.ConnectionError("refused"), EngineUnavailable, "engine-up.sh"),
+        (requests.exceptions.ReadTimeout("slow"), EngineUnavailable, "did not answer"),
+        (docker.errors.DockerException("no socket"), EngineUnavailable, "DOCKER_HOST"),
+    ],
+)
+def test_foreign_exceptions_are_mapped_once(exc, expected, fragment):
+    with pytest.raises(expected) as info:
+        _raise(exc)
+    assert fragment in str(info.value)
+    assert info.value.__cause__ is exc
+
+
+def test_no_engine_is_a_sandbox_error_that_says_what_to_do(tmp_path):
+    backend = DockerBackend(base_url=f"unix://{tmp_path}/no-such-docker.sock", call_timeout=2)
+    from sandloop.runner import build_request
+
+    with pytest.raises(EngineUnavailable) as info:
+        backend.run(build_request("print(1)", limits=SandboxLimits()))
+    assert "docker" in str(info.value).lower()
+    assert isinstance(info.value, SandboxError) and info.value.retryable

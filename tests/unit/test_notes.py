@@ -1,0 +1,43 @@
+from sandloop import ExecutionResult, SandboxLimits
+from sandloop.notes import sandbox_notes
+
+
+def _r(**kw):
+    kw.setdefault("exit_code", 0)
+    kw.setdefault("duration_seconds", 0.1)
+    return ExecutionResult(**kw)
+
+
+def test_clean_run_has_no_notes():
+    assert sandbox_notes(_r(stdout="42\n")) == []
+
+
+def test_oom_note_uses_the_applied_limit():
+    notes = sandbox_notes(_r(exit_code=137, oom_killed=True, limits=SandboxLimits(memory="1g")))
+    assert len(notes) == 1
+    assert "killed by the sandbox (SIGKILL): it exceeded the 1g memory limit" in notes[0]
+    assert "stream instead of building the whole result in memory" in notes[0]
+
+
+def test_timeout_note_names_the_timeout():
+    (note,) = sandbox_notes(_r(exit_code=-1, timed_out=True, timeout_seconds=2.5, stdout="x"))
+    assert "after 2.5 s" in note
+
+
+def test_truncation_note_says_how_much_was_dropped():
+    notes = sandbox_notes(_r(stdout="x", stdout_truncated=True, stdout_dropped_bytes=3 * 1024 * 1024))
+    assert any("stdout truncated" in n and "3.0 MB" in n for n in notes)
+
+
+def test_silent_run_note():
+    assert "printed nothing" in sandbox_notes(_r())[0]
+
+
+def test_pids_network_readonly_notes():
+    lim = SandboxLimits(pids=32)
+    notes = sandbox_notes(_r(exit_code=1, stderr="BlockingIOError: [Errno 11] Resource temporarily unavailable", limits=lim))
+    assert any("at most 32" in n for n in notes)
+    notes = sandbox_notes(_r(exit_code=1, stderr="socket.gaierror: [Errno -3] Temporary failure in name resolution"))
+    assert any("this sandbox has no network" in n for n in notes)
+    notes = sandbox_notes(_r(exit_code=1, stderr="OSError: [Errno 30] Read-only file system: '/etc/x'"))
+    assert any("Write files under /tmp" in n for n in notes)
