@@ -254,18 +254,28 @@ class DockerBackend:
         """create_container keyword arguments: every isolation control in ``SandboxLimits``."""
         limits = request.limits
         api = self.api
+        ulimits = [Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)]
+        pids_limit = limits.pids
+        if limits.runtime == "runsc":
+            # Under gVisor the pids cgroup counts the Sentry's host threads and ptrace stubs, not
+            # the code's processes: 63 forks need ~400 host pids, and hitting the cgroup limit
+            # crashes the whole sandbox (exit 2). The Sentry enforces RLIMIT_NPROC per sandbox
+            # (threads included), so that is the code's ceiling; the cgroup stays as a backstop.
+            # (Under runc RLIMIT_NPROC would count every uid-65534 process on the host: not used.)
+            ulimits.append(Ulimit(name="nproc", soft=limits.pids, hard=limits.pids))
+            pids_limit = limits.pids * 8 + 128
         host_config = api.create_host_config(
             network_mode="bridge" if limits.network else "none",
             mem_limit=limits.memory_bytes,
             memswap_limit=limits.memory_swap_bytes,
             nano_cpus=int(limits.cpus * 1e9),
-            pids_limit=limits.pids,
+            pids_limit=pids_limit,
             read_only=limits.read_only,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_bytes},mode=1777"},
             cap_drop=["ALL"],
             security_opt=["no-new-privileges:true"],
             ipc_mode="private",
-            ulimits=[Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)],
+            ulimits=ulimits,
             # Output reaches us over the attach stream; a log driver would copy a flood to disk.
             log_config=LogConfig(type=LogConfig.types.NONE),
             runtime=limits.runtime,
