@@ -1,0 +1,22 @@
+"""Provider adapters. Each module imports its own SDK (an optional extra) and nothing else does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandloop.agent.types import LLMClient
+
+PROVIDERS = ("anthropic", "openai")
+
+
+def make_client(provider: str, model: str, **options: Any) -> LLMClient:
+    """``make_client("openai", "gpt-4o", base_url=...)``: the adapter for a provider by name."""
+    if provider == "anthropic":
+        from sandloop.agent.providers.anthropic import AnthropicClient
+
+        return AnthropicClient(model, **options)
+    if provider == "openai":
+        from sandloop.agent.providers.openai import OpenAIClient
+
+        return OpenAIClient(model, **options)
+    raise ValueError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)}")

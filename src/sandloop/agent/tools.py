@@ -1,0 +1,141 @@
+"""The tools the loop offers the model, and their execution. ``Toolbox.execute`` never raises."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sandloop import languages
+from sandloop.agent.types import ToolCall, ToolResult, ToolSpec
+from sandloop.contract import ExecutionResult, SandboxError, SandboxLimits
+from sandloop.notes import sandbox_notes
+
+log = logging.getLogger(__name__)
+
+#: How long a model may ask a single run to take.
+MAX_TOOL_TIMEOUT = 300.0
+
+
+class ToolArgumentError(ValueError):
+    """The model's arguments for a tool are missing or of the wrong type."""
+
+
+def format_execution(result: ExecutionResult) -> str:
+    """What the model reads: exit code, both streams, and a note for whatever the sandbox decided."""
+    status = "timed out (killed)" if result.timed_out else str(result.exit_code)
+    parts = [f"exit_code: {status}", f"duration: {result.duration_seconds:.2f}s"]
+    parts.append("stdout:\n" + (result.stdout if result.stdout else "(empty)"))
+    if result.stderr:
+        parts.append("stderr:\n" + result.stderr)
+    for note in sandbox_notes(result):
+        parts.append("note: " + note)
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Tool:
+    spec: ToolSpec
+    run: Callable[[dict[str, Any]], ToolResult | tuple[str, bool]]
+
+
+def _require(args: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str, required: bool = True) -> Any:
+    if key not in args or args[key] is None:
+        if required:
+            raise ToolArgumentError(f"missing required argument {key!r} ({what})")
+        return None
+    value = args[key]
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ToolArgumentError(f"argument {key!r} must be {what}, got a boolean")
+    if not isinstance(value, kind):
+        raise ToolArgumentError(f"argument {key!r} must be {what}, got {type(value).__name__}")
+    return value
+
+
+def execute_code_tool(
+    *,
+    limits: SandboxLimits | None = None,
+    default_timeout: float = 30.0,
+    runner: Callable[..., ExecutionResult] | None = None,
+) -> Tool:
+    """``execute_code``: run a snippet in a fresh sandbox with ``run_code``."""
+    lim = limits or SandboxLimits()
+    spec = ToolSpec(
+        name="execute_code",
+        description=(
+            "Run a program in a fresh, isolated sandbox and return its exit code, stdout and stderr. "
+            f"Languages: {', '.join(languages.names())}. Python has numpy, pandas and matplotlib. "
+            f"No network. Memory {lim.memory}, {lim.cpus:g} CPU, at most {lim.pids} processes; only "
+            f"/tmp ({lim.tmpfs_size}) is writable and nothing persists between calls. Print what you "
+            "want to see: only stdout and stderr come back."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": "The complete program to run."},
+                "language": {"type": "string", "enum": languages.names(), "description": "Default: python."},
+                "timeout_seconds": {
+                    "type": "number",
+                    "description": f"Wall-clock limit, default {default_timeout:g}, at most {MAX_TOOL_TIMEOUT:g}.",
+                },
+            },
+            "required": ["code"],
+        },
+    )
+
+    def run(args: dict[str, Any]) -> tuple[str, bool]:
+        from sandloop.runner import run_code
+
+        code = _require(args, "code", str, "a string with the program")
+        language = _require(args, "language", str, "a string", required=False) or "python"
+        timeout = _require(args, "timeout_seconds", (int, float), "a number", required=False) or default_timeout
+        if not 0 < float(timeout) <= MAX_TOOL_TIMEOUT:
+            raise ToolArgumentError(f"timeout_seconds must be > 0 and <= {MAX_TOOL_TIMEOUT:g}, got {timeout}")
+        result = (runner or run_code)(code, language, float(timeout), limits=lim)
+        return format_execution(result), not result.ok
+
+    return Tool(spec, run)
+
+
+class Toolbox:
+    """Named tools; ``execute`` turns every failure into ``ToolResult(is_error=True)``."""
+
+    def __init__(self, tools: list[Tool]) -> None:
+        self._tools = {t.spec.name: t for t in tools}
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        return [t.spec for t in self._tools.values()]
+
+    def execute(self, call: ToolCall) -> ToolResult:
+        tool = self._tools.get(call.name)
+        if tool is None:
+            return ToolResult(
+                call.id,
+                f"error: unknown tool {call.name!r}. Available tools: {', '.join(self._tools)}.",
+                is_error=True,
+                name=call.name,
+            )
+        if call.arguments_error:
+            return ToolResult(
+                call.id,
+                f"error: the arguments for {call.name} were not a JSON object ({call.arguments_error}). "
+                "Send the arguments as a JSON object matching the tool's schema.",
+                is_error=True,
+                name=call.name,
+            )
+        try:
+            out = tool.run(dict(call.arguments))
+        except ToolArgumentError as exc:
+            content, is_error = f"error: {exc}. Call {call.name} again with valid arguments.", True
+        except SandboxError as exc:
+            content, is_error = f"error: the sandbox could not run this: {exc}", True
+        except Exception as exc:  # noqa: BLE001 - nothing raises into the loop
+            log.exception("tool %s failed", call.name)
+            content, is_error = f"error: the tool {call.name} failed unexpectedly: {type(exc).__name__}: {exc}", True
+        else:
+            if isinstance(out, ToolResult):
+                return out
+            content, is_error = out
+        return ToolResult(call.id, content, is_error=is_error, name=call.name)
