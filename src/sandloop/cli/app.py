@@ -182,6 +182,54 @@ def images_name() -> None:
     out.print(runtime_image())
 
 
+@app.command()
+def agent(
+    task: Annotated[str, typer.Argument(help="What the model should do.")],
+    provider: Annotated[str, typer.Option("--provider", "-p", help="anthropic or openai (also any OpenAI-compatible server).")] = "anthropic",
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name (default: claude-sonnet-4-5 / gpt-4o).")] = None,
+    base_url: Annotated[Optional[str], typer.Option("--base-url", help="Provider endpoint, e.g. http://localhost:11434/v1 for Ollama.")] = None,
+    max_iterations: Annotated[int, typer.Option("--max-iterations", "-n", help="Most model turns before stopping.")] = 10,
+    timeout: Annotated[float, typer.Option("-t", "--timeout", help="Default wall-clock seconds per code run.")] = 30,
+    memory: Annotated[str, typer.Option("--memory", help="Memory ceiling per run.")] = "256m",
+    runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor).")] = "runc",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result (answer, transcript, usage) as JSON.")] = False,
+    save: Annotated[Optional[Path], typer.Option("--save", help="Write the transcript as JSON Lines to this file.")] = None,
+) -> None:
+    """Let a model solve TASK by writing and running code in the sandbox, shown as it happens."""
+    from sandloop.agent import run_agent
+    from sandloop.agent.providers import PROVIDERS, make_client
+    from sandloop.agent.transcript import save_jsonl
+    from sandloop.agent.types import ProviderError
+    from sandloop.cli.agent_view import AgentView
+
+    if provider not in PROVIDERS:
+        raise _fail(f"unknown provider {provider!r}; choose one of: {', '.join(PROVIDERS)}", 2)
+    default_models = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o"}
+    try:
+        limits = SandboxLimits(memory=memory, runtime=runtime)
+        client = make_client(provider, model or default_models[provider], base_url=base_url)
+    except (SandboxError, ProviderError) as exc:
+        raise _fail(str(exc), 2) from None
+    view = None if as_json else AgentView(err)
+    try:
+        result = run_agent(
+            task, client, max_iterations, limits=limits, timeout_seconds=timeout,
+            on_event=view.on_event if view else None,
+        )
+    except ProviderError as exc:
+        raise _fail(f"the model provider failed: {exc}", 1) from None
+    except SandboxError as exc:
+        raise _fail(str(exc)) from None
+    if save is not None:
+        save_jsonl(result.transcript, save)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        assert view is not None
+        view.finish(result)
+    raise typer.Exit(0 if result.stop_reason == "answered" else 3)
+
+
 @app.command("languages")
 def list_languages() -> None:
     """List the registered languages."""
