@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 
@@ -22,10 +23,8 @@ def our_containers() -> list:
 def host_temp_entries() -> set[str]:
     found = set()
     for d in ("/tmp", "/var/tmp"):
-        try:
+        with contextlib.suppress(OSError):
             found |= {f"{d}/{n}" for n in os.listdir(d) if n.startswith("sandloop")}
-        except OSError:
-            pass
     return found
 
 

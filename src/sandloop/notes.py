@@ -75,8 +75,7 @@ def sandbox_notes(result: ExecutionResult) -> list[str]:
         )
     if _NO_SPACE.search(result.stderr):
         notes.append(
-            f"no space left: /tmp holds at most {limits.tmpfs_size}. Write less, or delete "
-            "temporary files as you go."
+            f"no space left: /tmp holds at most {limits.tmpfs_size}. Write less, or delete temporary files as you go."
         )
     if result.ok and not result.stdout and not result.stderr:
         notes.append(

@@ -57,9 +57,7 @@ def check_timeout(timeout_seconds: float) -> float:
         raise InvalidArgument(f"timeout_seconds must be a number, got {type(timeout_seconds).__name__}")
     t = float(timeout_seconds)
     if not math.isfinite(t) or t <= 0 or t > MAX_TIMEOUT_SECONDS:
-        raise InvalidArgument(
-            f"timeout_seconds must be > 0 and <= {MAX_TIMEOUT_SECONDS}, got {timeout_seconds!r}"
-        )
+        raise InvalidArgument(f"timeout_seconds must be > 0 and <= {MAX_TIMEOUT_SECONDS}, got {timeout_seconds!r}")
     return t
 
 

@@ -46,7 +46,9 @@ def test_openai_adapter_drives_a_real_container():
         assert tool_msg["role"] == "tool" and tool_msg["tool_call_id"] == "call_1"
         return openai_completion("node says " + tool_msg["content"].split("stdout:\n")[1].split()[0])
 
-    first = openai_completion(tool_calls=[("call_1", "execute_code", json.dumps({"code": "console.log(6*7)", "language": "node"}))])
+    first = openai_completion(
+        tool_calls=[("call_1", "execute_code", json.dumps({"code": "console.log(6*7)", "language": "node"}))]
+    )
     with FakeProviderServer([first, conclude]) as server:
         result = run_agent("6*7 in node", OpenAIClient("gpt-test", api_key="k", base_url=server.url + "/v1"))
     assert result.answer == "node says 42"
@@ -99,7 +101,9 @@ def test_silent_run_is_annotated():
 def _cli(*args: str, env_extra: dict[str, str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     env.update(env_extra)
-    return subprocess.run([sys.executable, "-m", "sandloop", *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "sandloop", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_cli_agent_multi_step_against_a_local_openai_compatible_server(tmp_path):
@@ -111,12 +115,29 @@ def test_cli_agent_multi_step_against_a_local_openai_compatible_server(tmp_path)
         assert "memory limit" in req.body["messages"][-1]["content"]
         return openai_completion("Streaming instead.", [("c2", "execute_code", json.dumps({"code": stream}))])
 
-    replies = [openai_completion(tool_calls=[("c1", "execute_code", json.dumps({"code": hog}))]), step2,
-               lambda req: openai_completion("Processed " + req.body["messages"][-1]["content"].split("stdout:\n")[1].split()[0] + " MB.")]
+    replies = [
+        openai_completion(tool_calls=[("c1", "execute_code", json.dumps({"code": hog}))]),
+        step2,
+        lambda req: openai_completion(
+            "Processed " + req.body["messages"][-1]["content"].split("stdout:\n")[1].split()[0] + " MB."
+        ),
+    ]
     save = tmp_path / "t.jsonl"
     with FakeProviderServer(replies) as server:
-        proc = _cli("agent", "allocate 1000 MB", "--provider", "openai", "--model", "local-model",
-                    "--base-url", server.url + "/v1", "--json", "--save", str(save), env_extra={})
+        proc = _cli(
+            "agent",
+            "allocate 1000 MB",
+            "--provider",
+            "openai",
+            "--model",
+            "local-model",
+            "--base-url",
+            server.url + "/v1",
+            "--json",
+            "--save",
+            str(save),
+            env_extra={},
+        )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["answer"] == "Processed 1000 MB." and out["turns"] == 3 and out["stop_reason"] == "answered"
@@ -127,12 +148,23 @@ def test_cli_agent_multi_step_against_a_local_openai_compatible_server(tmp_path)
 
 def test_cli_agent_live_view_against_a_local_anthropic_server():
     replies = [
-        anthropic_tool_use(("toolu_9", "execute_code", {"code": "echo hello from bash", "language": "bash"}), text="Running it."),
+        anthropic_tool_use(
+            ("toolu_9", "execute_code", {"code": "echo hello from bash", "language": "bash"}), text="Running it."
+        ),
         anthropic_text("Bash said hello."),
     ]
     with FakeProviderServer(replies) as server:
-        proc = _cli("agent", "say hello", "--provider", "anthropic", "--model", "claude-test", "--base-url", server.url,
-                    env_extra={"ANTHROPIC_API_KEY": "sk-local"})
+        proc = _cli(
+            "agent",
+            "say hello",
+            "--provider",
+            "anthropic",
+            "--model",
+            "claude-test",
+            "--base-url",
+            server.url,
+            env_extra={"ANTHROPIC_API_KEY": "sk-local"},
+        )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "Bash said hello."
     assert "execute_code · bash · toolu_9" in proc.stderr and "hello from bash" in proc.stderr

@@ -23,7 +23,9 @@ def _run(code: str, limits: SandboxLimits, **kw):
 def test_no_network_no_dns(limits):
     # TEST-NET-1 (192.0.2.0/24) is never routed; with no interface but lo the kernel refuses
     # connect() locally. The guard exits 3 before any attempt if another interface exists.
-    code = ONLY_LOOPBACK_GUARD + r"""
+    code = (
+        ONLY_LOOPBACK_GUARD
+        + r"""
 import socket
 results = []
 for family, addr in ((socket.AF_INET, ("192.0.2.1", 80)), (socket.AF_INET6, ("2001:db8::1", 80))):
@@ -47,6 +49,7 @@ except socket.gaierror as e:
     results.append("gaierror")
 print(results)
 """
+    )
     r = _run(code, limits)
     assert r.exit_code == 0, f"interfaces other than lo: {r.stdout} {r.stderr}"
     tcp4, tcp6, udp, dns = eval(r.stdout)
@@ -160,7 +163,8 @@ import ctypes, os
 status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
 libc = ctypes.CDLL(None, use_errno=True)
 print(os.getuid(), os.geteuid(), os.getgid(), sorted(os.getgroups()))
-print(status["CapEff"].strip(), status["CapPrm"].strip(), status["CapBnd"].strip(), status.get("CapAmb", "0000000000000000").strip())
+zero = "0000000000000000"
+print(*(status.get(k, zero).strip() for k in ("CapEff", "CapPrm", "CapBnd", "CapAmb")))
 print(libc.prctl(39, 0, 0, 0, 0), status.get("NoNewPrivs", "1").strip())
 """
     ids, caps, nnp = _run(code, limits).stdout.splitlines()
@@ -183,7 +187,8 @@ time.sleep(0.5)
 states = [open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] for p in os.listdir("/proc") if p.isdigit()]
 print("zombies", states.count("Z"))
 # a child that ignores SIGTERM must not keep the run alive after we exit
-subprocess.Popen(["python3", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+subprocess.Popen(["python3", "-c", stubborn])
 """
     r = _run(code, limits, timeout_seconds=30)
     init, zombies = r.stdout.splitlines()
@@ -198,8 +203,21 @@ def test_host_environment_is_not_passed_in(limits, monkeypatch):
     r = _run("import os; print(sorted(os.environ)); print(open('/proc/1/environ').read())", limits)
     assert "sk-ant-secret-value-123" not in r.stdout and "hunter2" not in r.stdout
     keys = set(eval(r.stdout.splitlines()[0]))
-    assert keys <= {"PATH", "HOME", "LANG", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "MPLBACKEND",
-                    "MPLCONFIGDIR", "HOSTNAME", "TERM", "PWD", "SHLVL", "_", "LC_CTYPE"}
+    assert keys <= {
+        "PATH",
+        "HOME",
+        "LANG",
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "MPLBACKEND",
+        "MPLCONFIGDIR",
+        "HOSTNAME",
+        "TERM",
+        "PWD",
+        "SHLVL",
+        "_",
+        "LC_CTYPE",
+    }
 
 
 def test_hostname_and_open_files(limits):

@@ -25,7 +25,9 @@ def test_streams_are_separate_never_interleaved(limits):
     assert r.stderr == "".join(f"e {i}\n" for i in range(200))
 
 
-@pytest.mark.parametrize("code, exit_code", [("import sys; sys.exit(3)", 3), ("raise ValueError('boom')", 1), ("def f(:", 1)])
+@pytest.mark.parametrize(
+    "code, exit_code", [("import sys; sys.exit(3)", 3), ("raise ValueError('boom')", 1), ("def f(:", 1)]
+)
 def test_failing_code_is_a_result_not_an_exception(limits, code, exit_code):
     r = run_code(code, limits=limits)
     assert r.exit_code == exit_code and not r.ok and not r.timed_out
@@ -55,7 +57,9 @@ def test_scientific_stack_is_there(limits):
 
 
 def test_unicode_and_invalid_utf8(limits):
-    r = run_code("import sys; print('héllo ✓'); sys.stdout.flush(); sys.stdout.buffer.write(b'\\xff\\x00end')", limits=limits)
+    r = run_code(
+        "import sys; print('héllo ✓'); sys.stdout.flush(); sys.stdout.buffer.write(b'\\xff\\x00end')", limits=limits
+    )
     assert r.stdout.startswith("héllo ✓\n") and r.stdout.endswith("\ufffd\x00end")
 
 
@@ -71,8 +75,11 @@ def test_output_is_capped_while_reading_not_after(limits):
     """A 300 MB print never sits in this process's memory."""
     tracemalloc.start()
     try:
-        r = run_code("import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(300):\n    sys.stdout.write(chunk)\n",
-                     limits=limits, timeout_seconds=120)
+        r = run_code(
+            "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(300):\n    sys.stdout.write(chunk)\n",
+            limits=limits,
+            timeout_seconds=120,
+        )
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -97,7 +97,9 @@ def test_unsupported_language_is_an_error_result_from_the_real_runner():
 
 def test_daemon_down_is_an_error_result():
     runner = FakeRunner(EngineUnavailable("the Docker engine did not answer. Start it with scripts/engine-up.sh"))
-    res = run_agent("t", ScriptedClient([calls(code_call("print(1)")), answer("ok")]), tools=_tools(runner)).transcript[2]
+    res = run_agent("t", ScriptedClient([calls(code_call("print(1)")), answer("ok")]), tools=_tools(runner)).transcript[
+        2
+    ]
     assert res.is_error and "the sandbox could not run this" in res.content and "engine-up.sh" in res.content
 
 
@@ -120,7 +122,9 @@ def test_parallel_calls_all_run_and_are_answered_in_order_with_ids():
 def test_failed_code_is_flagged_and_annotated_with_applied_limits():
     lim = SandboxLimits(memory="512m")
     runner = FakeRunner(ExecutionResult(exit_code=137, oom_killed=True, duration_seconds=1, limits=lim))
-    res = run_agent("t", ScriptedClient([calls(code_call("x")), answer("ok")]), tools=_tools(runner, limits=lim)).transcript[2]
+    res = run_agent(
+        "t", ScriptedClient([calls(code_call("x")), answer("ok")]), tools=_tools(runner, limits=lim)
+    ).transcript[2]
     assert res.is_error and "exit_code: 137" in res.content
     assert "killed by the sandbox (SIGKILL): it exceeded the 512m memory limit" in res.content
 
@@ -156,10 +160,12 @@ def test_client_with_seed_signature_works():
 def test_usage_is_summed():
     from sandloop.agent import Usage
 
-    client = ScriptedClient([
-        AssistantTurn(tool_calls=(code_call("1"),), usage=Usage(10, 5)),
-        AssistantTurn(text="ok", usage=Usage(20, 7)),
-    ])
+    client = ScriptedClient(
+        [
+            AssistantTurn(tool_calls=(code_call("1"),), usage=Usage(10, 5)),
+            AssistantTurn(text="ok", usage=Usage(20, 7)),
+        ]
+    )
     assert run_agent("t", client, tools=_tools(FakeRunner())).usage == Usage(30, 12)
 
 

@@ -18,9 +18,19 @@ from sandloop.runtime.docker_engine import DockerBackend, engine_errors
 def test_public_api_is_what_it_should_be():
     assert sorted(sandloop.__all__) == sorted(
         [
-            "EngineUnavailable", "ExecutionResult", "ImageMissing", "InvalidArgument", "InvalidLimits",
-            "Language", "RuntimeUnavailable", "SandboxBusy", "SandboxError", "SandboxLimits",
-            "UnknownLanguage", "__version__", "run_code",
+            "EngineUnavailable",
+            "ExecutionResult",
+            "ImageMissing",
+            "InvalidArgument",
+            "InvalidLimits",
+            "Language",
+            "RuntimeUnavailable",
+            "SandboxBusy",
+            "SandboxError",
+            "SandboxLimits",
+            "UnknownLanguage",
+            "__version__",
+            "run_code",
         ]
     )
 
@@ -55,7 +65,7 @@ def _api_error(status, text):
     "exc, expected, fragment",
     [
         (docker.errors.ImageNotFound("No such image"), ImageMissing, "sandloop images build"),
-        (_api_error(500, 'Unknown runtime specified runsc'), RuntimeUnavailable, "engine-up.sh"),
+        (_api_error(500, "Unknown runtime specified runsc"), RuntimeUnavailable, "engine-up.sh"),
         (_api_error(400, "Range of CPUs is from 0.01 to 2.00"), InvalidLimits, "Range of CPUs"),
         (_api_error(500, "something broke"), EngineUnavailable, "something broke"),
         (requests.exceptions.ConnectionError("refused"), EngineUnavailable, "engine-up.sh"),

@@ -36,7 +36,9 @@ def test_exit_code_and_streams_are_the_programs(tmp_path):
 def test_truncated_program_is_a_clear_launcher_failure(tmp_path):
     header = {"argv": [sys.executable], "file": str(tmp_path / "m.py"), "code": 100, "cwd": str(tmp_path)}
     proc = subprocess.run(
-        [sys.executable, "-I", "-S", str(LAUNCHER)], input=json.dumps(header).encode() + b"\nprint(1)", capture_output=True
+        [sys.executable, "-I", "-S", str(LAUNCHER)],
+        input=json.dumps(header).encode() + b"\nprint(1)",
+        capture_output=True,
     )
     assert proc.returncode == 125
     assert b"sandloop: stdin closed before the whole program arrived" in proc.stderr

@@ -57,7 +57,7 @@ def test_invalid_values_are_rejected_when_made(kwargs, fragment):
 
 def test_limits_are_frozen():
     lim = SandboxLimits()
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError):
         lim.memory = "1g"  # type: ignore[misc]
 
 

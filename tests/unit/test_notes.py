@@ -35,7 +35,9 @@ def test_silent_run_note():
 
 def test_pids_network_readonly_notes():
     lim = SandboxLimits(pids=32)
-    notes = sandbox_notes(_r(exit_code=1, stderr="BlockingIOError: [Errno 11] Resource temporarily unavailable", limits=lim))
+    notes = sandbox_notes(
+        _r(exit_code=1, stderr="BlockingIOError: [Errno 11] Resource temporarily unavailable", limits=lim)
+    )
     assert any("at most 32" in n for n in notes)
     notes = sandbox_notes(_r(exit_code=1, stderr="socket.gaierror: [Errno -3] Temporary failure in name resolution"))
     assert any("this sandbox has no network" in n for n in notes)

@@ -31,7 +31,9 @@ TOOLS = [execute_code_tool(runner=fake_runner)]
 # -- Anthropic -----------------------------------------------------------------------------------
 def test_anthropic_round_trip_keeps_ids_and_error_flags():
     replies = [
-        anthropic_tool_use(("toolu_A", "execute_code", {"code": "print(1)"}), ("toolu_B", "nope", {}), text="Let me run it."),
+        anthropic_tool_use(
+            ("toolu_A", "execute_code", {"code": "print(1)"}), ("toolu_B", "nope", {}), text="Let me run it."
+        ),
         anthropic_text("The answer is 1."),
     ]
     with FakeProviderServer(replies) as server:
@@ -43,7 +45,10 @@ def test_anthropic_round_trip_keeps_ids_and_error_flags():
     first, second = server.requests
     assert first.path == "/v1/messages"
     # the key travels as x-api-key or, in newer SDKs, as a bearer token
-    assert "sk-test" in (first.headers.get("x-api-key", ""), first.headers.get("authorization", "").removeprefix("Bearer "))
+    assert "sk-test" in (
+        first.headers.get("x-api-key", ""),
+        first.headers.get("authorization", "").removeprefix("Bearer "),
+    )
     assert "anthropic-version" in first.headers
     assert first.body["model"] == "claude-test" and first.body["max_tokens"] == 321
     assert first.body["messages"] == [{"role": "user", "content": "compute"}]
@@ -63,7 +68,11 @@ def test_anthropic_round_trip_keeps_ids_and_error_flags():
 
 
 def test_anthropic_retries_transient_errors_like_its_sdk():
-    replies = [anthropic_error(529, "Overloaded", "overloaded_error"), anthropic_error(500, "oops"), anthropic_text("ok")]
+    replies = [
+        anthropic_error(529, "Overloaded", "overloaded_error"),
+        anthropic_error(500, "oops"),
+        anthropic_text("ok"),
+    ]
     with FakeProviderServer(replies) as server:
         client = AnthropicClient("claude-test", api_key="k", base_url=server.url, max_retries=2)
         assert client.next_turn([UserTurn("hi")]).text == "ok"
@@ -119,7 +128,10 @@ def test_openai_round_trip_keeps_ids_and_parses_arguments():
     msgs = second.body["messages"]
     assistant = msgs[2]
     assert [c["id"] for c in assistant["tool_calls"]] == ["call_1", "call_2"]
-    assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == {"code": "console.log(2)", "language": "node"}
+    assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == {
+        "code": "console.log(2)",
+        "language": "node",
+    }
     assert [(m["role"], m["tool_call_id"]) for m in msgs[3:]] == [("tool", "call_1"), ("tool", "call_2")]
     assert msgs[4]["content"].startswith("ERROR: ")
 
@@ -154,7 +166,9 @@ def test_wire_translation_is_lossless_for_ids():
 
     transcript = [
         UserTurn("t"),
-        AssistantTurn("x", (ToolCall("id-1", "execute_code", {"code": "1"}), ToolCall("id-2", "execute_code", {"code": "2"}))),
+        AssistantTurn(
+            "x", (ToolCall("id-1", "execute_code", {"code": "1"}), ToolCall("id-2", "execute_code", {"code": "2"}))
+        ),
         ToolResult("id-1", "one"),
         ToolResult("id-2", "two", is_error=True),
     ]

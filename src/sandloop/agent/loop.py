@@ -64,7 +64,9 @@ def run_agent(
         raise InvalidArgument("task must be a non-empty string")
     if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or max_iterations < 1:
         raise InvalidArgument(f"max_iterations must be a positive integer, got {max_iterations!r}")
-    toolbox = Toolbox(list(tools) if tools is not None else [execute_code_tool(limits=limits, default_timeout=timeout_seconds)])
+    toolbox = Toolbox(
+        list(tools) if tools is not None else [execute_code_tool(limits=limits, default_timeout=timeout_seconds)]
+    )
     specs: list[ToolSpec] = toolbox.specs
     pass_tools = _accepts_tools(client)
     emit = on_event or (lambda _event: None)

@@ -39,13 +39,17 @@ class AgentView:
                 body = Syntax(_clip(code), _LEXERS.get(lang, "text"), line_numbers=False, word_wrap=True)
             else:
                 body = Text(repr(turn.arguments))
-            self.console.print(Panel(body, title=f"{turn.name} · {lang} · {turn.id}", border_style="magenta", title_align="left"))
+            self.console.print(
+                Panel(body, title=f"{turn.name} · {lang} · {turn.id}", border_style="magenta", title_align="left")
+            )
         elif isinstance(turn, ToolResult):
             style = "red" if turn.is_error else "green"
             parts = []
             for line in _clip(turn.content).splitlines():
                 parts.append(Text(line, style="yellow" if line.startswith("note:") else ""))
-            self.console.print(Panel(Group(*parts), title=f"result · {turn.call_id}", border_style=style, title_align="left"))
+            self.console.print(
+                Panel(Group(*parts), title=f"result · {turn.call_id}", border_style=style, title_align="left")
+            )
 
     def finish(self, result: AgentResult) -> None:
         usage = f" · tokens in {result.usage.input_tokens} out {result.usage.output_tokens}" if result.usage else ""

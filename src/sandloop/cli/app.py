@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -29,7 +29,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-images_app = typer.Typer(help="Build and inspect the runtime images (offline: no registry needed).", no_args_is_help=True)
+images_app = typer.Typer(
+    help="Build and inspect the runtime images (offline: no registry needed).", no_args_is_help=True
+)
 app.add_typer(images_app, name="images")
 
 err = Console(stderr=True, highlight=False)
@@ -45,17 +47,25 @@ def _fail(message: str, code: int = EXIT_SANDBOX) -> typer.Exit:
 
 @app.command()
 def run(
-    file: Annotated[Optional[Path], typer.Argument(help="Program to run; '-' or nothing reads it from stdin.")] = None,
+    file: Annotated[Path | None, typer.Argument(help="Program to run; '-' or nothing reads it from stdin.")] = None,
     language: Annotated[
-        Optional[str], typer.Option("-l", "--language", help="python, node, bash (default: from the file extension, else python).")
+        str | None,
+        typer.Option("-l", "--language", help="python, node, bash (default: from the file extension, else python)."),
     ] = None,
-    timeout: Annotated[float, typer.Option("-t", "--timeout", help="Wall-clock seconds before the sandbox kills the run.")] = 30,
+    timeout: Annotated[
+        float, typer.Option("-t", "--timeout", help="Wall-clock seconds before the sandbox kills the run.")
+    ] = 30,
     memory: Annotated[str, typer.Option("--memory", help="Memory ceiling, e.g. 256m, 1g.")] = "256m",
     cpus: Annotated[float, typer.Option("--cpus", help="CPU share.")] = 0.5,
-    network: Annotated[bool, typer.Option("--network/--no-network", help="Give the sandbox a network (off by default).")] = False,
+    network: Annotated[
+        bool, typer.Option("--network/--no-network", help="Give the sandbox a network (off by default).")
+    ] = False,
     runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor).")] = "runc",
     input_file: Annotated[
-        Optional[Path], typer.Option("--stdin", help="File whose content is the program's stdin (when the program itself comes from a file).")
+        Path | None,
+        typer.Option(
+            "--stdin", help="File whose content is the program's stdin (when the program itself comes from a file)."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole result as JSON on stdout.")] = False,
 ) -> None:
@@ -118,7 +128,11 @@ def doctor(
         table.add_row("docker engine", "[red]missing[/]", f"{exc}")
         out.print(table)
         raise typer.Exit(1) from None
-    table.add_row("docker engine", "[green]ok[/]", f"{info.get('ServerVersion')} ({info.get('Driver')}, cgroup v{info.get('CgroupVersion', '?')})")
+    table.add_row(
+        "docker engine",
+        "[green]ok[/]",
+        f"{info.get('ServerVersion')} ({info.get('Driver')}, cgroup v{info.get('CgroupVersion', '?')})",
+    )
     runtimes = set(info.get("Runtimes", {}))
     for rt in ("runc", "runsc"):
         if rt in runtimes:
@@ -126,7 +140,9 @@ def doctor(
         else:
             if rt == "runc":
                 healthy = False
-            table.add_row(f"runtime {rt}", "[yellow]missing[/]", "run scripts/engine-up.sh as root to register gVisor (runsc)")
+            table.add_row(
+                f"runtime {rt}", "[yellow]missing[/]", "run scripts/engine-up.sh as root to register gVisor (runsc)"
+            )
     image = runtime_image()
     have_image = backend.image_exists(image)
     if have_image:
@@ -142,7 +158,11 @@ def doctor(
                 r = run_code("print(1)", limits=SandboxLimits(runtime=rt), timeout_seconds=60)
                 good = r.ok and r.stdout == "1\n"
                 healthy &= good
-                table.add_row(f"run on {rt}", "[green]ok[/]" if good else "[red]failed[/]", f"{r.duration_seconds * 1000:.0f} ms; exit {r.exit_code} {r.stderr[-200:]}")
+                table.add_row(
+                    f"run on {rt}",
+                    "[green]ok[/]" if good else "[red]failed[/]",
+                    f"{r.duration_seconds * 1000:.0f} ms; exit {r.exit_code} {r.stderr[-200:]}",
+                )
             except SandboxError as exc:
                 healthy = False
                 table.add_row(f"run on {rt}", "[red]failed[/]", str(exc))
@@ -153,7 +173,11 @@ def doctor(
 @images_app.command("build")
 def images_build(
     base: Annotated[
-        Optional[str], typer.Option("--from", help="Build the Dockerfile from this pullable base (e.g. debian:bookworm-slim) instead of debootstrap.")
+        str | None,
+        typer.Option(
+            "--from",
+            help="Build the Dockerfile from this pullable base (e.g. debian:bookworm-slim) instead of debootstrap.",
+        ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the recipe did not change.")] = False,
 ) -> None:
@@ -185,15 +209,27 @@ def images_name() -> None:
 @app.command()
 def agent(
     task: Annotated[str, typer.Argument(help="What the model should do.")],
-    provider: Annotated[str, typer.Option("--provider", "-p", help="anthropic or openai (also any OpenAI-compatible server).")] = "anthropic",
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name (default: claude-sonnet-4-5 / gpt-4o).")] = None,
-    base_url: Annotated[Optional[str], typer.Option("--base-url", help="Provider endpoint, e.g. http://localhost:11434/v1 for Ollama.")] = None,
-    max_iterations: Annotated[int, typer.Option("--max-iterations", "-n", help="Most model turns before stopping.")] = 10,
+    provider: Annotated[
+        str, typer.Option("--provider", "-p", help="anthropic or openai (also any OpenAI-compatible server).")
+    ] = "anthropic",
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model name (default: claude-sonnet-4-5 / gpt-4o).")
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="Provider endpoint, e.g. http://localhost:11434/v1 for Ollama.")
+    ] = None,
+    max_iterations: Annotated[
+        int, typer.Option("--max-iterations", "-n", help="Most model turns before stopping.")
+    ] = 10,
     timeout: Annotated[float, typer.Option("-t", "--timeout", help="Default wall-clock seconds per code run.")] = 30,
     memory: Annotated[str, typer.Option("--memory", help="Memory ceiling per run.")] = "256m",
     runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor).")] = "runc",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result (answer, transcript, usage) as JSON.")] = False,
-    save: Annotated[Optional[Path], typer.Option("--save", help="Write the transcript as JSON Lines to this file.")] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the result (answer, transcript, usage) as JSON.")
+    ] = False,
+    save: Annotated[
+        Path | None, typer.Option("--save", help="Write the transcript as JSON Lines to this file.")
+    ] = None,
 ) -> None:
     """Let a model solve TASK by writing and running code in the sandbox, shown as it happens."""
     from sandloop.agent import run_agent
@@ -213,7 +249,11 @@ def agent(
     view = None if as_json else AgentView(err)
     try:
         result = run_agent(
-            task, client, max_iterations, limits=limits, timeout_seconds=timeout,
+            task,
+            client,
+            max_iterations,
+            limits=limits,
+            timeout_seconds=timeout,
             on_event=view.on_event if view else None,
         )
     except ProviderError as exc:

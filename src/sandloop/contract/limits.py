@@ -50,7 +50,9 @@ class SandboxLimits(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    network: bool = Field(False, description="Give the sandbox a network (bridge). Off: no sockets but loopback, no DNS.")
+    network: bool = Field(
+        False, description="Give the sandbox a network (bridge). Off: no sockets but loopback, no DNS."
+    )
     memory: str = Field("256m", description="Memory ceiling; the kernel OOM-kills at it.")
     memory_swap: str | None = Field(
         None, description="Memory plus swap ceiling. None means equal to memory: no swap headroom."

@@ -94,7 +94,14 @@ def build_base(images: DockerImages, progress: Progress) -> str:
     rootfs = workdir / "rootfs"
     try:
         _run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", SUITE, str(rootfs), debian_mirror()],
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(packages)}",
+                SUITE,
+                str(rootfs),
+                debian_mirror(),
+            ],
             progress,
             "debootstrap",
         )
@@ -102,15 +109,35 @@ def build_base(images: DockerImages, progress: Progress) -> str:
         target = rootfs / f"usr/local/lib/python{pyver}/dist-packages"
         _run(
             [
-                sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--disable-pip-version-check",
-                "--target", str(target), "--only-binary=:all:", "--implementation", "cp",
-                "--python-version", pyver, "--platform", f"manylinux2014_{platform.machine()}",
-                "-r", str(RECIPE_DIR / "requirements.txt"),
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-compile",
+                "--disable-pip-version-check",
+                "--target",
+                str(target),
+                "--only-binary=:all:",
+                "--implementation",
+                "cp",
+                "--python-version",
+                pyver,
+                "--platform",
+                f"manylinux2014_{platform.machine()}",
+                "-r",
+                str(RECIPE_DIR / "requirements.txt"),
             ],
             progress,
             "pip wheels",
         )
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale"):
+        for junk in (
+            "var/cache/apt/archives",
+            "var/lib/apt/lists",
+            "usr/share/doc",
+            "usr/share/man",
+            "usr/share/locale",
+        ):
             path = rootfs / junk
             if path.is_dir():
                 for child in path.iterdir():
@@ -133,8 +160,9 @@ def build_base(images: DockerImages, progress: Progress) -> str:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def build_runtime(*, base: str | None = None, force: bool = False, progress: Progress = print,
-                  backend: DockerBackend | None = None) -> str:
+def build_runtime(
+    *, base: str | None = None, force: bool = False, progress: Progress = print, backend: DockerBackend | None = None
+) -> str:
     """Build (or find) the runtime image and return its name.
 
     ``base`` None builds the base offline (debootstrap); a name such as ``debian:bookworm-slim``

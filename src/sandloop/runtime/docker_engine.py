@@ -66,8 +66,7 @@ def engine_errors(image: str | None = None, runtime: str | None = None) -> Itera
         raise
     except docker.errors.ImageNotFound as exc:
         raise ImageMissing(
-            f"image {image!r} is not on this Docker engine. Build it with `sandloop images build` "
-            "(or `make images`)."
+            f"image {image!r} is not on this Docker engine. Build it with `sandloop images build` (or `make images`)."
         ) from exc
     except docker.errors.APIError as exc:
         text = str(exc.explanation or exc)
@@ -209,9 +208,7 @@ class DockerBackend:
         try:
             with engine_errors(request.image, limits.runtime):
                 container_id = api.create_container(**self.container_config(request))["Id"]
-                attached = api.attach_socket(
-                    container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-                )
+                attached = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
                 sock = _raw_socket(attached)
                 api.start(container_id)
             deadline = time.monotonic() + request.timeout_seconds
@@ -247,6 +244,8 @@ class DockerBackend:
                     _raw_socket(attached).close()
                 with contextlib.suppress(Exception):
                     attached.close()
+            if writer is not None:
+                writer.join(5)  # closing the socket unblocks a write the code never read
             if container_id is not None:
                 self._remove(container_id)
 

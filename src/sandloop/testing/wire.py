@@ -74,7 +74,10 @@ class FakeProviderServer:
         with self._lock:
             self.requests.append(req)
             if not self._replies:
-                return 500, {"type": "error", "error": {"type": "api_error", "message": "FakeProviderServer: script exhausted"}}
+                return 500, {
+                    "type": "error",
+                    "error": {"type": "api_error", "message": "FakeProviderServer: script exhausted"},
+                }
             reply = self._replies.pop(0)
         if callable(reply):
             reply = reply(req)
@@ -140,7 +143,8 @@ def openai_completion(text: str | None = None, tool_calls: list[tuple[str, str, 
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls:
         message["tool_calls"] = [
-            {"id": cid, "type": "function", "function": {"name": name, "arguments": args}} for cid, name, args in tool_calls
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+            for cid, name, args in tool_calls
         ]
     return {
         "id": f"chatcmpl-{next(_ids)}",

@@ -46,7 +46,12 @@ def to_wire(transcript: Sequence[Turn]) -> list[dict[str, Any]]:
                 content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments})
             messages.append({"role": "assistant", "content": content or [{"type": "text", "text": ""}]})
         elif isinstance(turn, ToolResult):
-            block = {"type": "tool_result", "tool_use_id": turn.call_id, "content": turn.content, "is_error": turn.is_error}
+            block = {
+                "type": "tool_result",
+                "tool_use_id": turn.call_id,
+                "content": turn.content,
+                "is_error": turn.is_error,
+            }
             last = messages[-1] if messages else None
             if last and last["role"] == "user" and isinstance(last["content"], list):
                 last["content"].append(block)
