@@ -32,8 +32,11 @@ def test_register_a_new_language():
 
 def test_request_payload_frames_code_and_stdin():
     req = build_request("print(input())", "python", 5, stdin="hello\n")
-    header, rest = req.payload().split(b"\n", 1)
-    meta = json.loads(header)
+    payload = req.payload()
+    assert payload[:10] == b"SANDLOOP1 " and payload[18:19] == b"\n"
+    n = int(payload[10:18])
+    meta, rest = json.loads(payload[19 : 19 + n]), payload[19 + n :]
+    assert meta["inproc"] is True
     assert meta["argv"] == ["python3"] and meta["file"].endswith("main.py")
     assert rest[: meta["code"]] == b"print(input())"
     assert rest[meta["code"] :] == b"hello\n"

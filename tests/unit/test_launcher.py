@@ -4,42 +4,67 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from sandloop.images import RECIPE_DIR
 
 LAUNCHER = RECIPE_DIR / "launcher.py"
 
 
-def _launch(tmp_path, code: bytes, stdin: bytes, argv=None):
+def _frame(header: dict) -> bytes:
+    raw = json.dumps(header).encode()
+    return b"SANDLOOP1 %08d\n" % len(raw) + raw
+
+
+def _launch(tmp_path, code: bytes, stdin: bytes, argv=None, inproc=False):
     path = tmp_path / "stage" / "main.py"
     header = {"argv": argv or [sys.executable], "file": str(path), "code": len(code), "cwd": str(tmp_path)}
+    header["inproc"] = inproc
     return subprocess.run(
-        [sys.executable, "-I", "-S", str(LAUNCHER)],
-        input=json.dumps(header).encode() + b"\n" + code + stdin,
+        [sys.executable, str(LAUNCHER)],
+        input=_frame(header) + code + stdin,
         capture_output=True,
         timeout=30,
     )
 
 
-def test_stdin_after_the_code_reaches_the_program_untouched(tmp_path):
+@pytest.mark.parametrize("inproc", [False, True])
+def test_stdin_after_the_code_reaches_the_program_untouched(tmp_path, inproc):
     code = b"import sys\ndata = sys.stdin.buffer.read()\nprint(len(data), data[:5])\n"
     stdin = b"hello" + bytes(range(256)) * 1000
-    proc = _launch(tmp_path, code, stdin)
+    proc = _launch(tmp_path, code, stdin, inproc=inproc)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.decode().strip() == f"{len(stdin)} b'hello'"
 
 
-def test_exit_code_and_streams_are_the_programs(tmp_path):
-    proc = _launch(tmp_path, b"import sys; print('o'); print('e', file=sys.stderr); sys.exit(9)", b"")
+@pytest.mark.parametrize("inproc", [False, True])
+def test_exit_code_and_streams_are_the_programs(tmp_path, inproc):
+    proc = _launch(tmp_path, b"import sys; print('o'); print('e', file=sys.stderr); sys.exit(9)", b"", inproc=inproc)
     assert (proc.returncode, proc.stdout, proc.stderr) == (9, b"o\n", b"e\n")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        b"def f():\n    raise ValueError('boom')\nf()\n",
+        b"def f(:\n",
+        b"import sys\nsys.exit('bye')\n",
+        b"raise SystemExit(3)\n",
+        b"print(__name__, __file__ == sys.argv[0] if False else 1)\nimport sys\nprint(sys.argv[0].endswith('main.py'))\n",
+        b"x = 1\x00\n",
+        b"import pickle\nclass A: pass\nprint(type(pickle.loads(pickle.dumps(A()))).__module__)\n",
+    ],
+)
+def test_inproc_python_behaves_like_python_running_the_file(tmp_path, code):
+    """Same stdout, stderr and exit code as `python3 main.py`, tracebacks included."""
+    inproc = _launch(tmp_path, code, b"", inproc=True)
+    direct = _launch(tmp_path, code, b"", inproc=False)
+    assert (inproc.returncode, inproc.stdout, inproc.stderr) == (direct.returncode, direct.stdout, direct.stderr)
 
 
 def test_truncated_program_is_a_clear_launcher_failure(tmp_path):
     header = {"argv": [sys.executable], "file": str(tmp_path / "m.py"), "code": 100, "cwd": str(tmp_path)}
-    proc = subprocess.run(
-        [sys.executable, "-I", "-S", str(LAUNCHER)],
-        input=json.dumps(header).encode() + b"\nprint(1)",
-        capture_output=True,
-    )
+    proc = subprocess.run([sys.executable, str(LAUNCHER)], input=_frame(header) + b"print(1)", capture_output=True)
     assert proc.returncode == 125
     assert b"sandloop: stdin closed before the whole program arrived" in proc.stderr
 

@@ -27,10 +27,21 @@ class RunRequest:
     labels: dict[str, str] = field(default_factory=dict)
 
     def payload(self) -> bytes:
-        """Header line + code + the user's stdin: what the launcher reads on its stdin."""
+        """Preamble + JSON header + code + the user's stdin: what the launcher reads on its stdin.
+
+        See images/recipe/launcher.py for the other side.
+        """
         path = f"{STAGING_DIR}/{self.language.file_name}"
-        header = {"argv": list(self.language.command), "file": path, "code": len(self.code), "cwd": self.cwd}
-        return json.dumps(header).encode() + b"\n" + self.code + self.stdin
+        header = json.dumps(
+            {
+                "argv": list(self.language.command),
+                "file": path,
+                "code": len(self.code),
+                "cwd": self.cwd,
+                "inproc": self.language.inproc and self.language.image is None,
+            }
+        ).encode()
+        return b"SANDLOOP1 %08d\n" % len(header) + header + self.code + self.stdin
 
 
 class Backend(Protocol):

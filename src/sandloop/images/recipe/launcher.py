@@ -1,18 +1,23 @@
-"""Runs inside the sandbox, under tini, as the unprivileged user.
+"""Runs inside the sandbox, under tini, as the unprivileged user. Started before any code exists
+(a warm pool starts it ahead of time), it waits on stdin for one program, runs it once, and exits.
 
-Protocol on stdin: one JSON header line ``{"argv": [...], "file": PATH, "code": N, "cwd": DIR}``,
-then exactly N bytes of code, then the user's stdin until EOF. The launcher writes the code to
-PATH and execs argv + [PATH], so the user's process inherits the rest of stdin untouched.
+Protocol on stdin: ``SANDLOOP1 <n>\\n`` (a 19-byte preamble, n zero-padded to 8 digits), an
+n-byte JSON header ``{"argv": [...], "file": PATH, "code": N, "cwd": DIR, "inproc": bool}``, exactly
+N bytes of code, then the user's stdin until EOF. Exact-size reads with os.read on fd 0 (no Python
+buffering), so not one byte of the user's stdin is consumed.
 
-It reads with os.read on fd 0 (no Python buffering) so that not one byte of the user's stdin is
-consumed before the exec. Failures to stage the code exit 125 with a message on stderr.
+The program is written to PATH. With "inproc" (Python) it runs in this already-started interpreter
+as ``__main__``, exactly as ``python3 PATH`` would run it (same argv, sys.path, tracebacks, exit
+codes); that is what makes a warm sandbox fast. Otherwise argv + [PATH] is exec'd and inherits the
+rest of stdin. Failures to stage the program exit 125 with a message on stderr.
 """
 
 import json
 import os
 import sys
 
-MAX_HEADER = 64 * 1024
+PREAMBLE = b"SANDLOOP1 "
+PREAMBLE_LEN = len(PREAMBLE) + 9  # 8 digits and a newline
 
 
 def fail(message):
@@ -20,32 +25,51 @@ def fail(message):
     os._exit(125)
 
 
-def read_exact(n):
+def read_exact(n, what):
     chunks = []
     while n > 0:
         chunk = os.read(0, min(n, 1 << 20))
         if not chunk:
-            fail("stdin closed before the whole program arrived")
+            fail("stdin closed before the whole %s arrived" % what)
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
 
 
 def read_header():
-    buf = bytearray()
-    while len(buf) < MAX_HEADER:
-        b = os.read(0, 1)
-        if not b:
-            fail("stdin closed before the run header arrived")
-        if b == b"\n":
-            return json.loads(buf.decode())
-        buf += b
-    fail("run header too long")
+    pre = read_exact(PREAMBLE_LEN, "run header")
+    if not pre.startswith(PREAMBLE) or not pre.endswith(b"\n"):
+        fail("bad run header")
+    return json.loads(read_exact(int(pre[len(PREAMBLE) : -1]), "run header").decode())
+
+
+def run_inproc(path, code):
+    """Be ``python3 PATH``: fresh __main__, argv, sys.path[0], standard tracebacks and exit codes."""
+    import types
+
+    sys.argv = [path]
+    sys.path[0] = os.path.dirname(path)
+    main = types.ModuleType("__main__")
+    main.__dict__.update({"__file__": path, "__builtins__": __builtins__, "__cached__": None})
+    sys.modules["__main__"] = main
+    try:
+        compiled = compile(code, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        sys.excepthook(type(exc), exc.with_traceback(None), None)
+        sys.exit(1)
+    try:
+        exec(compiled, main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # drop this frame
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
 
 
 def main():
     header = read_header()
-    code = read_exact(int(header["code"]))
+    code = read_exact(int(header["code"]), "program")
     path = header["file"]
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -59,6 +83,9 @@ def main():
         os.chdir(cwd)
     except OSError as exc:
         fail("cannot enter %s: %s" % (cwd, exc.strerror))
+    # NUL bytes: let the real interpreter produce its own error message for the file
+    if header.get("inproc") and b"\0" not in code:
+        return run_inproc, (path, code)
     argv = list(header["argv"]) + [path]
     try:
         os.execvp(argv[0], argv)
@@ -68,9 +95,9 @@ def main():
 
 if __name__ == "__main__":
     try:
-        main()
+        job = main()
     except SystemExit:
         raise
     except BaseException as exc:  # never a launcher traceback in the user's stderr
         fail("launcher error: %r" % (exc,))
-    sys.exit(125)
+    job[0](*job[1])  # outside the try: the program's own exceptions are its own
