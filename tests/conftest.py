@@ -68,7 +68,39 @@ def runtime(request: pytest.FixtureRequest) -> str:
     return name
 
 
+@pytest.fixture(scope="session")
+def dispatchers():
+    """One cold (no pool) and one warm dispatcher for the whole session."""
+    from sandloop.pool import Dispatcher
+    from sandloop.runtime.docker_engine import DockerBackend
+    from sandloop.settings import Settings
+
+    made = {
+        "cold": Dispatcher(DockerBackend(), Settings(pool_size=0)),
+        "warm": Dispatcher(DockerBackend(), Settings(pool_size=2)),
+    }
+    yield made
+    for d in made.values():
+        d.close()
+
+
+@pytest.fixture(params=["cold", "warm"])
+def mode(request: pytest.FixtureRequest, dispatchers) -> str:
+    """Runs the test through a cold dispatcher and through a warm pool: results must not differ."""
+    from sandloop import runner
+
+    previous = runner.use_dispatcher(dispatchers[request.param])
+    yield request.param
+    runner.use_dispatcher(previous)
+
+
 @pytest.fixture
-def limits(runtime: str) -> SandboxLimits:
-    """The default limits on the runtime under test."""
-    return SandboxLimits(runtime=runtime)
+def limits(runtime: str, mode: str, dispatchers) -> SandboxLimits:
+    """The default limits on the runtime under test (pool pre-warmed in warm mode)."""
+    lim = SandboxLimits(runtime=runtime)
+    if mode == "warm":
+        from sandloop.images import runtime_image
+        from sandloop.runtime.base import SandboxSpec
+
+        assert dispatchers["warm"].prewarm(SandboxSpec(runtime_image(), lim), timeout=120), "pool did not fill"
+    return lim

@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 
 import docker
 
-OWNER = f"{socket.gethostname()}:{os.getpid()}"
+from sandloop.runtime.labels import owner_id
+
+OWNER = owner_id()
 
 
 def our_containers() -> list:
-    """Containers this test process created (by sandloop's owner label), running or not."""
+    """Leftovers: containers this process created (by owner label), running or not, other than
+    the warm sandboxes waiting in the current dispatcher's pools. Waits for pending removals."""
+    from sandloop.pool.dispatcher import live_dispatchers
+
+    pooled: set[str] = set()
+    for dispatcher in live_dispatchers():
+        assert dispatcher.settle(60), "used sandboxes were not destroyed, or pools not refilled, within 60 s"
+        pooled |= dispatcher.pooled_ids()
     client = docker.from_env()
     try:
-        return client.containers.list(all=True, filters={"label": f"sandloop.owner={OWNER}"})
+        found = client.containers.list(all=True, filters={"label": f"sandloop.owner={OWNER}"})
     finally:
         client.close()
+    return [c for c in found if c.id not in pooled]
 
 
 def host_temp_entries() -> set[str]:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any
 
 from sandloop import languages
 from sandloop.contract import DEFAULT_LIMITS, ExecutionResult, InvalidArgument, SandboxLimits
 from sandloop.images import runtime_image
-from sandloop.runtime.base import Backend, RunRequest
+from sandloop.pool.dispatcher import Dispatcher
+from sandloop.runtime.base import RunRequest
+from sandloop.settings import Settings
 
 #: Longest timeout a single run may ask for (a day). Anything longer is a mistake, not a job.
 MAX_TIMEOUT_SECONDS = 24 * 3600
@@ -16,26 +19,44 @@ MAX_TIMEOUT_SECONDS = 24 * 3600
 MAX_CODE_BYTES = 16 * 1024 * 1024
 MAX_STDIN_BYTES = 64 * 1024 * 1024
 
-_backend_lock = threading.Lock()
-_backend: Backend | None = None
+_lock = threading.Lock()
+_dispatcher: Dispatcher | None = None
 
 
-def default_backend() -> Backend:
-    """The process-wide Docker backend, created on first use."""
-    global _backend
-    with _backend_lock:
-        if _backend is None:
+def default_dispatcher() -> Dispatcher:
+    """The process-wide dispatcher (Docker backend, warm pool, admission), created on first use.
+
+    Settings come from ``SANDLOOP_*`` environment variables (``SANDLOOP_POOL_SIZE=0`` disables
+    the warm pool).
+    """
+    global _dispatcher
+    with _lock:
+        if _dispatcher is None:
             from sandloop.runtime.docker_engine import DockerBackend
 
-            _backend = DockerBackend()
-        return _backend
+            _dispatcher = Dispatcher(DockerBackend(), Settings())
+        return _dispatcher
 
 
-def set_backend(backend: Backend | None) -> None:
-    """Replace the process-wide backend (tests, or a backend pointed at another engine)."""
-    global _backend
-    with _backend_lock:
-        _backend = backend
+def use_dispatcher(dispatcher: Dispatcher | None) -> Dispatcher | None:
+    """Make ``dispatcher`` the process-wide one without closing the previous, which is returned."""
+    global _dispatcher
+    with _lock:
+        old, _dispatcher = _dispatcher, dispatcher
+    return old
+
+
+def configure(settings: Settings | None = None, backend: Any = None) -> Dispatcher:
+    """Replace the process-wide dispatcher (closing the old one): other settings or another engine."""
+    global _dispatcher
+    from sandloop.runtime.docker_engine import DockerBackend
+
+    new = Dispatcher(backend or DockerBackend(), settings or Settings())
+    with _lock:
+        old, _dispatcher = _dispatcher, new
+    if old is not None:
+        old.close()
+    return new
 
 
 def _as_bytes(value: str | bytes | None, what: str, limit: int) -> bytes:
@@ -99,4 +120,4 @@ def run_code(
     ``ExecutionResult``. Only the sandbox failing raises ``SandboxError``. Thread-safe.
     """
     request = build_request(code, language, timeout_seconds, limits=limits, stdin=stdin)
-    return default_backend().run(request)
+    return default_dispatcher().run(request)

@@ -20,8 +20,9 @@ def test_missing_image_names_the_build_command():
 
 
 class _EngineDiesAfterStart(DockerBackend):
-    def _exit_status(self, container_id: str):
-        raise EngineUnavailable("simulated: the engine failed while collecting the exit status")
+    @staticmethod
+    def _pump(sock, deadline, demux):
+        raise EngineUnavailable("simulated: the engine dropped the stream mid-run")
 
 
 def test_engine_error_mid_run_still_removes_the_container():

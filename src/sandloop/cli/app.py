@@ -70,7 +70,10 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole result as JSON on stdout.")] = False,
 ) -> None:
     """Run a program in a fresh sandbox: `sandloop run hello.py`, `echo 'print(6*7)' | sandloop run`."""
-    from sandloop.runner import run_code
+    from sandloop.runner import configure, run_code
+    from sandloop.settings import Settings
+
+    configure(Settings(pool_size=0))  # one run per process: a warm pool would only cost containers
 
     if file is None or str(file) == "-":
         code = sys.stdin.read()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from sandloop.contract import ExecutionResult, SandboxLimits
@@ -11,6 +11,18 @@ from sandloop.languages import Language
 
 #: Where the launcher writes the program inside the sandbox (on the /tmp tmpfs).
 STAGING_DIR = "/tmp/sandloop"
+#: The launcher's end-of-run line on stderr: EXIT_MARKER + nonce + b":" + status + b"\n".
+EXIT_MARKER = b"\0\x1esandloop-exit:"
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What makes two sandboxes interchangeable: a warm pool is keyed by this."""
+
+    image: str
+    limits: SandboxLimits
+    cwd: str = "/tmp"
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -24,9 +36,12 @@ class RunRequest:
     limits: SandboxLimits
     stdin: bytes = b""
     cwd: str = "/tmp"
-    labels: dict[str, str] = field(default_factory=dict)
 
-    def payload(self) -> bytes:
+    @property
+    def spec(self) -> SandboxSpec:
+        return SandboxSpec(self.image, self.limits, self.cwd)
+
+    def payload(self, nonce: str = "") -> bytes:
         """Preamble + JSON header + code + the user's stdin: what the launcher reads on its stdin.
 
         See images/recipe/launcher.py for the other side.
@@ -39,6 +54,7 @@ class RunRequest:
                 "code": len(self.code),
                 "cwd": self.cwd,
                 "inproc": self.language.inproc and self.language.image is None,
+                "nonce": nonce,
             }
         ).encode()
         return b"SANDLOOP1 %08d\n" % len(header) + header + self.code + self.stdin

@@ -14,11 +14,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import select
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import docker
@@ -35,7 +37,8 @@ from sandloop.contract import (
     SandboxError,
     SandboxLimits,
 )
-from sandloop.runtime.base import RunRequest
+from sandloop.runtime.base import EXIT_MARKER, RunRequest, SandboxSpec
+from sandloop.runtime.labels import LABEL_PREFIX, owner_alive, owner_id, owner_labels  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,6 @@ SANDBOX_ENV = {
     "MPLBACKEND": "Agg",
     "MPLCONFIGDIR": "/tmp/.matplotlib",
 }
-LABEL_PREFIX = "sandloop."
 
 
 @contextlib.contextmanager
@@ -117,17 +119,68 @@ class _CappedStream:
         return self.data.decode("utf-8", errors="replace")
 
 
+class _EndWatch:
+    """Passes one stream's bytes to its sink until the launcher's end-of-run line appears in it.
+
+    A few bytes are held back so a line split across frames is still found.
+    """
+
+    def __init__(self, sink: _CappedStream, marker: bytes | None) -> None:
+        self.sink = sink
+        self.marker = marker
+        self.held = b""
+        self.status: int | None = None
+
+    def feed(self, chunk: bytes | memoryview) -> None:
+        if self.status is not None:
+            return  # output after the end line belongs to stragglers; the run is over
+        if self.marker is None:
+            self.sink.feed(chunk)
+            return
+        data = self.held + bytes(chunk)
+        at = data.find(self.marker)
+        if at >= 0:
+            end = data.find(b"\n", at)
+            self.sink.feed(data[:at])
+            if end < 0:  # the status digits have not all arrived yet
+                self.held = data[at:]
+                return
+            self.held = b""
+            try:
+                self.status = int(data[at + len(self.marker) : end])
+            except ValueError:
+                self.sink.feed(data[at : end + 1])  # not ours after all
+            return
+        cut = max(0, len(data) - (len(self.marker) - 1))
+        nul = data.find(b"\0", cut)
+        cut = nul if nul >= 0 else len(data)
+        self.sink.feed(data[:cut])
+        self.held = data[cut:]
+
+    def flush(self) -> None:
+        if self.held:
+            self.sink.feed(self.held)
+            self.held = b""
+
+
 class _Demuxer:
     """Incremental parser for Docker's multiplexed attach stream (8-byte frame headers).
 
-    Routes payload bytes as they arrive, so a frame is never buffered whole.
+    Routes payload bytes as they arrive, so a frame is never buffered whole. The launcher ends
+    each stream with its end-of-run line (``marker``); the engine forwards the two streams
+    independently, so the run is over only when both have ended (``exit_status`` is then set).
     """
 
-    def __init__(self, stdout: _CappedStream, stderr: _CappedStream) -> None:
-        self._targets = {1: stdout, 2: stderr}
+    def __init__(self, stdout: _CappedStream, stderr: _CappedStream, marker: bytes | None = None) -> None:
+        self._watches = {1: _EndWatch(stdout, marker), 2: _EndWatch(stderr, marker)}
         self._header = bytearray()
         self._remaining = 0
-        self._target: _CappedStream | None = None
+        self._watch: _EndWatch | None = None
+
+    @property
+    def exit_status(self) -> int | None:
+        out, err = self._watches[1].status, self._watches[2].status
+        return err if out is not None and err is not None else None
 
     def feed(self, data: bytes) -> None:
         view = memoryview(data)
@@ -138,19 +191,47 @@ class _Demuxer:
                 view = view[need:]
                 if len(self._header) < 8:
                     return
-                self._target = self._targets.get(self._header[0])
+                self._watch = self._watches.get(self._header[0])
                 self._remaining = int.from_bytes(self._header[4:8], "big")
                 self._header.clear()
                 continue
             take = view[: self._remaining]
-            if self._target is not None:
-                self._target.feed(take)
             self._remaining -= len(take)
             view = view[len(take) :]
+            if self._watch is not None:
+                self._watch.feed(take)
+
+    def flush(self) -> None:
+        """End of stream: whatever was held back was the program's own output."""
+        for watch in self._watches.values():
+            watch.flush()
 
 
 def _raw_socket(attached: Any) -> socket.socket:
     return getattr(attached, "_sock", attached)
+
+
+def _close_quietly(attached: Any) -> None:
+    with contextlib.suppress(Exception):
+        _raw_socket(attached).close()
+    with contextlib.suppress(Exception):
+        attached.close()
+
+
+@dataclass(eq=False)
+class LiveSandbox:
+    """A started container whose launcher is waiting for one program. Used once, then destroyed."""
+
+    id: str
+    attached: Any
+    spec: SandboxSpec
+    started_at: float
+    used: bool = False
+    writer: threading.Thread | None = None
+
+    @property
+    def sock(self) -> socket.socket:
+        return _raw_socket(self.attached)
 
 
 class DockerBackend:
@@ -199,59 +280,96 @@ class DockerBackend:
 
     # -- one run -----------------------------------------------------------------------------
     def run(self, request: RunRequest) -> ExecutionResult:
+        """Cold path: launch a sandbox for this request, run it, destroy it (always)."""
         started = time.monotonic()
-        limits = request.limits
+        sandbox: LiveSandbox | None = None
+        try:
+            sandbox = self.launch(request.spec, purpose="run", lifetime_seconds=request.timeout_seconds)
+            return self.execute(sandbox, request, started=started)
+        finally:
+            if sandbox is not None:
+                self.destroy(sandbox)
+
+    def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> LiveSandbox:
+        """Create, attach to and start a sandbox whose launcher then waits for a program."""
         api = self.api
         container_id: str | None = None
         attached: Any = None
-        writer: threading.Thread | None = None
         try:
-            with engine_errors(request.image, limits.runtime):
-                container_id = api.create_container(**self.container_config(request))["Id"]
+            with engine_errors(spec.image, spec.limits.runtime):
+                container_id = api.create_container(**self.container_config(spec, purpose, lifetime_seconds))["Id"]
                 attached = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-                sock = _raw_socket(attached)
                 api.start(container_id)
-            deadline = time.monotonic() + request.timeout_seconds
-            writer = self._send(sock, request.payload())
-            stdout = _CappedStream(limits.output_limit)
-            stderr = _CappedStream(limits.output_limit)
-            finished = self._pump(sock, deadline, _Demuxer(stdout, stderr))
-            with engine_errors(request.image, limits.runtime):
-                if finished:
-                    exit_code, oom_killed = self._exit_status(container_id)
-                else:
-                    with contextlib.suppress(docker.errors.APIError):
-                        api.kill(container_id)
-                    exit_code, oom_killed = -1, False
-            return ExecutionResult(
-                stdout=stdout.text(),
-                stderr=stderr.text(),
-                exit_code=exit_code,
-                duration_seconds=time.monotonic() - started,
-                timed_out=not finished,
-                oom_killed=oom_killed,
-                stdout_truncated=stdout.dropped > 0,
-                stderr_truncated=stderr.dropped > 0,
-                stdout_dropped_bytes=stdout.dropped,
-                stderr_dropped_bytes=stderr.dropped,
-                language=request.language.name,
-                timeout_seconds=request.timeout_seconds,
-                limits=limits,
-            )
-        finally:
+            return LiveSandbox(container_id, attached, spec, time.monotonic())
+        except BaseException:
             if attached is not None:
-                with contextlib.suppress(Exception):
-                    _raw_socket(attached).close()
-                with contextlib.suppress(Exception):
-                    attached.close()
-            if writer is not None:
-                writer.join(5)  # closing the socket unblocks a write the code never read
+                _close_quietly(attached)
             if container_id is not None:
                 self._remove(container_id)
+            raise
 
-    def container_config(self, request: RunRequest) -> dict[str, Any]:
-        """create_container keyword arguments: every isolation control in ``SandboxLimits``."""
+    def is_alive(self, sandbox: LiveSandbox) -> bool:
+        """A waiting launcher writes nothing: a readable socket means EOF (the sandbox died)."""
+        try:
+            ready, _, _ = select.select([sandbox.sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not ready
+
+    def execute(self, sandbox: LiveSandbox, request: RunRequest, *, started: float | None = None) -> ExecutionResult:
+        """Send the program to a started sandbox and collect the result. Single use: destroy after."""
+        if sandbox.used:
+            raise SandboxError("internal error: a sandbox was handed out twice")
+        sandbox.used = True
+        started = time.monotonic() if started is None else started
         limits = request.limits
+        sock = sandbox.sock
+        deadline = time.monotonic() + request.timeout_seconds
+        nonce = secrets.token_hex(8)
+        sandbox.writer = self._send(sock, request.payload(nonce))
+        stdout = _CappedStream(limits.output_limit)
+        stderr = _CappedStream(limits.output_limit)
+        demux = _Demuxer(stdout, stderr, EXIT_MARKER + nonce.encode() + b":")
+        finished = self._pump(sock, deadline, demux)
+        demux.flush()
+        with engine_errors(request.image, limits.runtime):
+            if finished and demux.exit_status is not None and demux.exit_status < 128:
+                # The launcher reported an exit the program chose: no need to wait for the
+                # container's teardown. 128+N means killed by signal N (137 may be the OOM
+                # killer), so those ask the engine.
+                exit_code, oom_killed = demux.exit_status, False
+            elif finished:
+                exit_code, oom_killed = self._exit_status(sandbox.id, demux.exit_status)
+            else:
+                with contextlib.suppress(docker.errors.APIError):
+                    self.api.kill(sandbox.id)
+                exit_code, oom_killed = -1, False
+        return ExecutionResult(
+            stdout=stdout.text(),
+            stderr=stderr.text(),
+            exit_code=exit_code,
+            duration_seconds=time.monotonic() - started,
+            timed_out=not finished,
+            oom_killed=oom_killed,
+            stdout_truncated=stdout.dropped > 0,
+            stderr_truncated=stderr.dropped > 0,
+            stdout_dropped_bytes=stdout.dropped,
+            stderr_dropped_bytes=stderr.dropped,
+            language=request.language.name,
+            timeout_seconds=request.timeout_seconds,
+            limits=limits,
+        )
+
+    def destroy(self, sandbox: LiveSandbox) -> None:
+        """Close the stream and force-remove the container. Best effort: never raises."""
+        _close_quietly(sandbox.attached)
+        if sandbox.writer is not None:
+            sandbox.writer.join(5)  # closing the socket unblocks a write the code never read
+        self._remove(sandbox.id)
+
+    def container_config(self, spec: SandboxSpec, purpose: str = "run", lifetime_seconds: float = 60) -> dict[str, Any]:
+        """create_container keyword arguments: every isolation control in ``SandboxLimits``."""
+        limits = spec.limits
         api = self.api
         ulimits = [Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)]
         pids_limit = limits.pids
@@ -280,25 +398,15 @@ class DockerBackend:
             runtime=limits.runtime,
         )
         return {
-            "image": request.image,
+            "image": spec.image,
             "stdin_open": True,  # docker-py also sets StdinOnce: our EOF closes the code's stdin
             "user": limits.user,
             "environment": dict(SANDBOX_ENV),
-            "working_dir": request.cwd,
+            "working_dir": spec.cwd,
             "hostname": "sandbox",
             "network_disabled": not limits.network,
-            "labels": {**self.labels("run", request.timeout_seconds), **request.labels},
+            "labels": {**owner_labels(purpose, lifetime_seconds), **dict(spec.labels)},
             "host_config": host_config,
-        }
-
-    @staticmethod
-    def labels(purpose: str, lifetime_seconds: float) -> dict[str, str]:
-        now = time.time()
-        return {
-            f"{LABEL_PREFIX}owner": f"{socket.gethostname()}:{os.getpid()}",
-            f"{LABEL_PREFIX}purpose": purpose,
-            f"{LABEL_PREFIX}created": f"{now:.0f}",
-            f"{LABEL_PREFIX}expires": f"{now + lifetime_seconds + 60:.0f}",
         }
 
     @staticmethod
@@ -336,15 +444,39 @@ class DockerBackend:
             if not data:
                 return True
             demux.feed(data)
+            if demux.exit_status is not None:
+                return True
 
-    def _exit_status(self, container_id: str) -> tuple[int, bool]:
+    def _exit_status(self, container_id: str, reported: int | None = None) -> tuple[int, bool]:
         status = self.api.wait(container_id, timeout=self._call_timeout)
-        code = int(status.get("StatusCode", -1))
+        code = int(status.get("StatusCode", -1)) if reported is None else reported
         oom = False
         if code != 0:
             state = self.api.inspect_container(container_id).get("State", {})
             oom = bool(state.get("OOMKilled"))
         return code, oom
+
+    def list_labelled(self, label: str) -> list[tuple[str, str, dict[str, str]]]:
+        """(kind, id, labels) of every container and volume carrying ``label``."""
+        with engine_errors():
+            out = [
+                ("container", c["Id"], c.get("Labels") or {})
+                for c in self.api.containers(all=True, filters={"label": label})
+            ]
+            volumes = self.api.volumes(filters={"label": label}).get("Volumes") or []
+            out += [("volume", v["Name"], v.get("Labels") or {}) for v in volumes]
+        return out
+
+    def remove_labelled(self, kind: str, item_id: str) -> None:
+        if kind == "container":
+            self._remove(item_id)
+        else:
+            try:
+                self.api.remove_volume(item_id, force=True)
+            except docker.errors.NotFound:
+                pass
+            except Exception as exc:  # noqa: BLE001 - reaping is best effort
+                log.warning("could not remove volume %s: %s", item_id, exc)
 
     def _remove(self, container_id: str) -> None:
         """Best effort: never raises, so it cannot mask the error that got us here."""

@@ -8,14 +8,21 @@ buffering), so not one byte of the user's stdin is consumed.
 
 The program is written to PATH. With "inproc" (Python) it runs in this already-started interpreter
 as ``__main__``, exactly as ``python3 PATH`` would run it (same argv, sys.path, tracebacks, exit
-codes); that is what makes a warm sandbox fast. Otherwise argv + [PATH] is exec'd and inherits the
-rest of stdin. Failures to stage the program exit 125 with a message on stderr.
+codes); that is what makes a warm sandbox fast. Otherwise argv + [PATH] runs in a child process that
+inherits the rest of stdin, and the launcher waits for it. Failures to stage the program exit 125
+with a message on stderr.
+
+When the program is done, the launcher writes ``\0\x1esandloop-exit:<nonce>:<status>\n`` to
+stdout and to stderr, so the host has the exit status without waiting for the container to be torn down (~50 ms).
+The program could forge that line, but it can only claim what it could do anyway: exit early with
+a status of its choice. Kills by signal (OOM) write nothing; the host then asks the engine.
 """
 
 import json
 import os
 import sys
 
+LAUNCHER_PID = os.getpid()
 PREAMBLE = b"SANDLOOP1 "
 PREAMBLE_LEN = len(PREAMBLE) + 9  # 8 digits and a newline
 
@@ -43,7 +50,66 @@ def read_header():
     return json.loads(read_exact(int(pre[len(PREAMBLE) : -1]), "run header").decode())
 
 
-def run_inproc(path, code):
+def report_exit(nonce, status):
+    """End both streams with the end-of-run line (the engine forwards them independently)."""
+    if nonce and os.getpid() == LAUNCHER_PID:  # not from a forked child finishing the script
+        line = b"\0\x1esandloop-exit:%s:%d\n" % (nonce.encode(), status)
+        for fd in (1, 2):
+            try:
+                os.write(fd, line)
+            except OSError:
+                pass  # the program closed it: the host falls back to waiting for the exit
+
+
+def exit_status(code):
+    """What the interpreter does with SystemExit.code."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(str(code) + "\n")
+    except Exception:
+        pass
+    return 1
+
+
+def finish(nonce, status):
+    """Finalize like the interpreter would (threads, atexit, flush), report, then exit."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()
+    except Exception:
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    report_exit(nonce, status)
+    os._exit(status)
+
+
+def run_child(argv, nonce):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execvp(argv[0], argv)
+        except OSError as exc:
+            os.write(2, ("sandloop: cannot start %s: %s\n" % (argv[0], exc.strerror)).encode())
+        os._exit(125)
+    os.close(0)  # the child owns stdin now
+    _, wstatus = os.waitpid(pid, 0)
+    status = os.waitstatus_to_exitcode(wstatus)
+    status = 128 - status if status < 0 else status  # killed by signal N: 128+N, like a shell
+    report_exit(nonce, status)
+    os._exit(status)
+
+
+def run_inproc(path, code, nonce):
     """Be ``python3 PATH``: fresh __main__, argv, sys.path[0], standard tracebacks and exit codes."""
     import types
 
@@ -56,15 +122,16 @@ def run_inproc(path, code):
         compiled = compile(code, path, "exec", dont_inherit=True)
     except SyntaxError as exc:
         sys.excepthook(type(exc), exc.with_traceback(None), None)
-        sys.exit(1)
+        finish(nonce, 1)
     try:
         exec(compiled, main.__dict__)
-    except SystemExit:
-        raise
+    except SystemExit as exc:
+        finish(nonce, exit_status(exc.code))
     except BaseException as exc:
         tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # drop this frame
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+        finish(nonce, 130 if isinstance(exc, KeyboardInterrupt) else 1)
+    finish(nonce, 0)
 
 
 def main():
@@ -83,14 +150,11 @@ def main():
         os.chdir(cwd)
     except OSError as exc:
         fail("cannot enter %s: %s" % (cwd, exc.strerror))
+    nonce = str(header.get("nonce") or "")
     # NUL bytes: let the real interpreter produce its own error message for the file
     if header.get("inproc") and b"\0" not in code:
-        return run_inproc, (path, code)
-    argv = list(header["argv"]) + [path]
-    try:
-        os.execvp(argv[0], argv)
-    except OSError as exc:
-        fail("cannot start %s: %s" % (argv[0], exc.strerror))
+        return run_inproc, (path, code, nonce)
+    return run_child, (list(header["argv"]) + [path], nonce)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,192 @@
+"""``Dispatcher``: routes each run to a warm sandbox or a cold one, under admission control.
+
+The result, limits, timeout semantics and isolation are the same either way: a warm sandbox is a
+cold one started earlier. Used sandboxes are destroyed off the critical path; pools start lazily,
+are torn down at interpreter exit, and whatever a killed process leaves behind is reaped by label.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sandloop.contract import ExecutionResult
+from sandloop.pool.admission import Admission
+from sandloop.pool.warm import WarmPool
+from sandloop.runtime.base import RunRequest, SandboxSpec
+from sandloop.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_live: weakref.WeakSet[Dispatcher] = weakref.WeakSet()
+
+
+def live_dispatchers() -> list[Dispatcher]:
+    """Every dispatcher not yet closed in this process."""
+    return [d for d in list(_live) if not d._closed]
+
+
+@atexit.register
+def _close_all() -> None:
+    for dispatcher in list(_live):
+        dispatcher.close()
+
+
+class Dispatcher:
+    def __init__(self, backend: Any, settings: Settings | None = None) -> None:
+        self.backend = backend
+        self.settings = settings or Settings()
+        s = self.settings
+        self.admission = Admission(s.max_running, s.max_creating, s.queue_wait_seconds)
+        self._pools: collections.OrderedDict[SandboxSpec, WarmPool] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._destroyer = ThreadPoolExecutor(2, thread_name_prefix="sandloop-destroy")
+        self._pending = 0
+        self._pending_cond = threading.Condition()
+        self._closed = False
+        self._upkeep: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.cold_runs = 0
+        self.warm_runs = 0
+        _live.add(self)
+
+    # -- runs ---------------------------------------------------------------------------------
+    def run(self, request: RunRequest) -> ExecutionResult:
+        started = time.monotonic()
+        with self.admission.running():
+            pool = self.pool_for(request.spec)
+            sandbox = pool.take() if pool is not None else None
+            if sandbox is None:
+                self.cold_runs += 1
+                with self.admission.creating():
+                    sandbox = self.backend.launch(request.spec, purpose="run", lifetime_seconds=request.timeout_seconds)
+            else:
+                self.warm_runs += 1
+            try:
+                return self.backend.execute(sandbox, request, started=started)
+            finally:
+                self.destroy_later(sandbox)
+
+    def destroy_later(self, sandbox: Any) -> None:
+        with self._pending_cond:
+            self._pending += 1
+        try:
+            self._destroyer.submit(self._destroy_now, sandbox)
+        except RuntimeError:  # shutting down: do it now
+            self._destroy_now(sandbox)
+
+    def _destroy_now(self, sandbox: Any) -> None:
+        try:
+            self.backend.destroy(sandbox)
+        finally:
+            with self._pending_cond:
+                self._pending -= 1
+                self._pending_cond.notify_all()
+
+    def quiesce(self, timeout: float = 60.0) -> bool:
+        """Wait until every used sandbox has been destroyed (tests, benchmarks, shutdown)."""
+        with self._pending_cond:
+            return self._pending_cond.wait_for(lambda: self._pending == 0, timeout)
+
+    def settle(self, timeout: float = 60.0) -> bool:
+        """Wait for pending removals and for every pool to be full (nothing in flight)."""
+        with self._lock:
+            pools = list(self._pools.values())
+        return self.quiesce(timeout) and all(pool.wait_ready(timeout) for pool in pools)
+
+    def pooled_ids(self) -> set[str]:
+        """Container ids of the sandboxes waiting in pools (not leftovers)."""
+        with self._lock:
+            pools = list(self._pools.values())
+        return {sid for pool in pools for sid in pool.ready_ids()}
+
+    # -- pools --------------------------------------------------------------------------------
+    def pool_for(self, spec: SandboxSpec, create: bool = True) -> WarmPool | None:
+        if self.settings.pool_size <= 0 or self._closed:
+            return None
+        with self._lock:
+            pool = self._pools.get(spec)
+            if pool is not None:
+                self._pools.move_to_end(spec)
+                return pool
+            if not create:
+                return None
+            pool = WarmPool(
+                self.backend,
+                spec,
+                size=self.settings.pool_size,
+                refill_concurrency=self.settings.pool_refill_concurrency,
+                idle_seconds=self.settings.pool_idle_seconds,
+                admission=self.admission,
+                destroy=self.destroy_later,
+            )
+            self._pools[spec] = pool
+            evicted = self._pools.popitem(last=False)[1] if len(self._pools) > self.settings.pool_max_keys else None
+            self._start_upkeep()
+        if evicted is not None:
+            threading.Thread(target=evicted.close, daemon=True).start()
+        return pool
+
+    def prewarm(self, spec: SandboxSpec, timeout: float = 60.0) -> bool:
+        """Start the pool for ``spec`` and wait until it is full."""
+        pool = self.pool_for(spec)
+        return pool.wait_ready(timeout) if pool is not None else False
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            pools = {
+                f"{spec.image} {spec.limits.runtime} {spec.limits.memory}": p.snapshot()
+                for spec, p in self._pools.items()
+            }
+        return {
+            "cold_runs": self.cold_runs,
+            "warm_runs": self.warm_runs,
+            "in_flight": self.admission.in_flight,
+            "rejected": self.admission.rejected,
+            "pools": pools,
+        }
+
+    # -- upkeep ---------------------------------------------------------------------------------
+    def _start_upkeep(self) -> None:
+        if self._upkeep is None:
+            self._upkeep = threading.Thread(target=self._upkeep_loop, name="sandloop-upkeep", daemon=True)
+            self._upkeep.start()
+
+    def _upkeep_loop(self) -> None:
+        from sandloop.pool.reaper import reap
+
+        try:
+            reap(self.backend)  # leftovers of processes that died before us
+        except Exception as exc:  # noqa: BLE001
+            log.debug("start-up reap failed: %s", exc)
+        last_reap = time.monotonic()
+        while not self._stop.wait(min(10.0, self.settings.pool_idle_seconds / 2)):
+            with self._lock:
+                pools = list(self._pools.values())
+            for pool in pools:
+                pool.expire()
+            if time.monotonic() - last_reap > self.settings.reap_interval_seconds:
+                last_reap = time.monotonic()
+                try:
+                    reap(self.backend)
+                except Exception as exc:  # noqa: BLE001
+                    log.debug("periodic reap failed: %s", exc)
+
+    def close(self) -> None:
+        """Destroy every pooled sandbox and wait for pending removals. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pools = list(self._pools.values())
+            self._pools.clear()
+        self._stop.set()
+        for pool in pools:
+            pool.close()
+        self._destroyer.shutdown(wait=True)
