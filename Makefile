@@ -34,3 +34,9 @@ images:
 lint:
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
+
+# Side-by-side benchmarks (peers installed into their own venv, never into the main one).
+bench: setup
+	test -x .bench/venv/bin/python || python3 -m venv .bench/venv
+	.bench/venv/bin/pip install --quiet -e . epicbox llm-sandbox "urllib3<2"
+	.bench/venv/bin/python bench/bench.py $(BENCH_ARGS)

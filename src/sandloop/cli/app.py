@@ -273,6 +273,27 @@ def agent(
     raise typer.Exit(0 if result.stop_reason == "answered" else 3)
 
 
+@app.command()
+def reap(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be removed.")] = False,
+) -> None:
+    """Remove sandloop containers and volumes that expired or whose owner process is gone."""
+    from sandloop.pool.reaper import reap as do_reap
+    from sandloop.runtime.docker_engine import DockerBackend
+
+    try:
+        found = do_reap(DockerBackend(), dry_run=dry_run)
+    except SandboxError as exc:
+        raise _fail(str(exc)) from None
+    table = Table("kind", "id", "purpose", "owner", "reason")
+    for item in found:
+        table.add_row(item.kind, item.id[:12], item.purpose, item.owner, item.reason)
+    if found:
+        out.print(table)
+    verb = "would remove" if dry_run else "removed"
+    out.print(f"{verb} {len(found)} item(s)")
+
+
 @app.command("languages")
 def list_languages() -> None:
     """List the registered languages."""
