@@ -150,7 +150,7 @@ def latency(
     contenders: dict[str, Callable[[str], str]], code: str, runs: int, expect: str, after: Callable[[], None]
 ) -> dict:
     times: dict[str, list[float]] = {name: [] for name in contenders}
-    for name, fn in contenders.items():  # one warm-up each (imports, first pool fill)
+    for fn in contenders.values():  # one warm-up each (imports, first pool fill)
         fn(code)
         after()
     for _ in range(runs):
