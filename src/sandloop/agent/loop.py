@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sandloop.agent.tools import Tool, Toolbox, execute_code_tool
+from sandloop.agent.tools import Tool, Toolbox, execute_code_tool, session_tools
 from sandloop.agent.types import (
     AgentResult,
     AssistantTurn,
@@ -52,21 +52,27 @@ def run_agent(
     limits: SandboxLimits | None = None,
     timeout_seconds: float = 30.0,
     tools: Sequence[Tool] | None = None,
+    session: Any = None,
     on_event: Callable[[AgentEvent], Any] | None = None,
 ) -> AgentResult:
     """Run ``task`` with ``client``, letting it call the sandbox through ``execute_code``.
 
     ``tools`` replaces the default tool set (``execute_code`` with ``limits`` and
-    ``timeout_seconds``). ``on_event`` is called after each model turn, before each tool call and
-    after each tool result.
+    ``timeout_seconds``). With ``session`` (a ``sandloop.sessions.Session``) the model gets
+    ``execute_code``, ``write_file``, ``read_file`` and ``list_files`` on that session's workspace.
+    ``on_event`` is called after each model turn, before each tool call and after each tool result.
     """
     if not isinstance(task, str) or not task.strip():
         raise InvalidArgument("task must be a non-empty string")
     if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or max_iterations < 1:
         raise InvalidArgument(f"max_iterations must be a positive integer, got {max_iterations!r}")
-    toolbox = Toolbox(
-        list(tools) if tools is not None else [execute_code_tool(limits=limits, default_timeout=timeout_seconds)]
-    )
+    if tools is None:
+        tools = (
+            session_tools(session, default_timeout=timeout_seconds)
+            if session is not None
+            else [execute_code_tool(limits=limits, default_timeout=timeout_seconds)]
+        )
+    toolbox = Toolbox(list(tools))
     specs: list[ToolSpec] = toolbox.specs
     pass_tools = _accepts_tools(client)
     emit = on_event or (lambda _event: None)

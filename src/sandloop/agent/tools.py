@@ -151,3 +151,92 @@ class Toolbox:
                 return out
             content, is_error = out
         return ToolResult(call.id, content, is_error=is_error, name=call.name)
+
+
+def session_tools(session: Any, *, default_timeout: float = 30.0) -> list[Tool]:
+    """``execute_code``, ``write_file``, ``read_file`` and ``list_files`` on a ``Session``:
+    files persist between calls, so a multi-step task can build on earlier steps."""
+    lim = session.limits
+
+    exec_spec = ToolSpec(
+        name="execute_code",
+        description=(
+            f"Run a program in this session's sandbox. The working directory /workspace persists "
+            f"between calls (files written there stay; quota {session.record.quota_bytes >> 20} MB); "
+            f"each call is a fresh process. Languages: {', '.join(languages.names())}; Python has "
+            f"numpy, pandas and matplotlib (charts saved with plt.savefig land in /workspace). No "
+            f"network, memory {lim.memory}, at most {lim.pids} processes."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": "The complete program to run."},
+                "language": {"type": "string", "enum": languages.names(), "description": "Default: python."},
+                "timeout_seconds": {"type": "number", "description": f"Default {default_timeout:g}."},
+            },
+            "required": ["code"],
+        },
+    )
+
+    def run(args: dict[str, Any]) -> tuple[str, bool]:
+        code = _require(args, "code", str, "a string with the program")
+        language = _require(args, "language", str, "a string", required=False) or "python"
+        timeout = _require(args, "timeout_seconds", (int, float), "a number", required=False) or default_timeout
+        if not 0 < float(timeout) <= MAX_TOOL_TIMEOUT:
+            raise ToolArgumentError(f"timeout_seconds must be > 0 and <= {MAX_TOOL_TIMEOUT:g}, got {timeout}")
+        result = session.run(code, language, float(timeout))
+        return format_execution(result), not result.ok
+
+    def write(args: dict[str, Any]) -> tuple[str, bool]:
+        path = _require(args, "path", str, "a workspace-relative path")
+        content = _require(args, "content", str, "the file's text")
+        return f"wrote {session.write_file(path, content)} bytes to /workspace/{path}", False
+
+    def read(args: dict[str, Any]) -> tuple[str, bool]:
+        path = _require(args, "path", str, "a workspace-relative path")
+        data = session.read_file(path)
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            return f"{path} is binary ({len(data)} bytes); inspect it with execute_code instead", False
+        return clip_for_model(text, 16000), False
+
+    def listing(args: dict[str, Any]) -> tuple[str, bool]:
+        path = _require(args, "path", str, "a workspace-relative path", required=False) or "."
+        entries = session.list_files(path)
+        if not entries:
+            return f"/workspace/{path} is empty", False
+        return "\n".join(f"{e['type']:7} {e['size']:>10}  {e['name']}" for e in entries), False
+
+    path_prop = {"path": {"type": "string", "description": "Path relative to /workspace."}}
+    return [
+        Tool(exec_spec, run),
+        Tool(
+            ToolSpec(
+                "write_file",
+                "Write a text file into /workspace (parent directories are created).",
+                {
+                    "type": "object",
+                    "properties": {**path_prop, "content": {"type": "string"}},
+                    "required": ["path", "content"],
+                },
+            ),
+            write,
+        ),
+        Tool(
+            ToolSpec(
+                "read_file",
+                "Read a text file from /workspace.",
+                {"type": "object", "properties": path_prop, "required": ["path"]},
+            ),
+            read,
+        ),
+        Tool(
+            ToolSpec(
+                "list_files",
+                "List a directory of /workspace (type, size, name).",
+                {"type": "object", "properties": path_prop},
+            ),
+            listing,
+        ),
+    ]

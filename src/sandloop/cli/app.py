@@ -33,6 +33,10 @@ images_app = typer.Typer(
     help="Build and inspect the runtime images (offline: no registry needed).", no_args_is_help=True
 )
 app.add_typer(images_app, name="images")
+session_app = typer.Typer(
+    help="Sessions: a persistent /workspace and a stateful Python interpreter.", no_args_is_help=True
+)
+app.add_typer(session_app, name="session")
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -282,7 +286,16 @@ def reap(
     from sandloop.runtime.docker_engine import DockerBackend
 
     try:
-        found = do_reap(DockerBackend(), dry_run=dry_run)
+        backend = DockerBackend()
+        found = do_reap(backend, dry_run=dry_run)
+        if not dry_run:
+            from sandloop.pool.reaper import Reaped
+            from sandloop.sessions import SessionStore
+
+            found += [
+                Reaped("session", sid, "", "session", "idle past its ttl")
+                for sid in SessionStore(backend).reap_expired()
+            ]
     except SandboxError as exc:
         raise _fail(str(exc)) from None
     table = Table("kind", "id", "purpose", "owner", "reason")
@@ -292,6 +305,181 @@ def reap(
         out.print(table)
     verb = "would remove" if dry_run else "removed"
     out.print(f"{verb} {len(found)} item(s)")
+
+
+def _session(session_id: str):
+    from sandloop.sessions import Session
+
+    try:
+        return Session.attach(session_id)
+    except SandboxError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _print_result(result, as_json: bool) -> None:
+    if as_json:
+        print(result.model_dump_json(indent=2, exclude={"artifacts"}))
+        return
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    for note in sandbox_notes(result):
+        if not note.startswith("the program ran and printed nothing"):
+            err.print(f"[yellow]sandloop:[/] {note}", soft_wrap=True)
+
+
+@session_app.command("create")
+def session_create(
+    ttl: Annotated[float, typer.Option("--ttl", help="Idle seconds before the session is removed.")] = 3600,
+    quota: Annotated[str, typer.Option("--quota", help="Workspace size cap, e.g. 256m.")] = "256m",
+    memory: Annotated[str, typer.Option("--memory", help="Memory ceiling of its sandboxes.")] = "256m",
+    runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor).")] = "runc",
+) -> None:
+    """Create a session and print its id."""
+    from sandloop.sessions import Session
+
+    try:
+        s = Session.create(SandboxLimits(memory=memory, runtime=runtime), ttl=ttl, quota=quota)
+    except SandboxError as exc:
+        raise _fail(str(exc)) from None
+    s.close()
+    out.print(s.id)
+
+
+@session_app.command("ls")
+def session_ls() -> None:
+    """List live sessions."""
+    import datetime
+
+    from sandloop.sessions import Session
+
+    table = Table("id", "quota", "enforced", "runtime", "idle for", "expires")
+    now = datetime.datetime.now().timestamp()
+    for r in Session.list():
+        expires = datetime.datetime.fromtimestamp(r.expires_at).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(
+            r.id,
+            f"{r.quota_bytes >> 20}m",
+            str(r.quota_enforced),
+            r.limits.get("runtime", "runc"),
+            f"{now - r.last_used:.0f}s",
+            expires,
+        )
+    out.print(table)
+
+
+@session_app.command("run")
+def session_run(
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    file: Annotated[Path | None, typer.Argument(help="Program; '-' or nothing reads stdin.")] = None,
+    language: Annotated[str | None, typer.Option("-l", "--language")] = None,
+    timeout: Annotated[float, typer.Option("-t", "--timeout")] = 30,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Run a program in a fresh process with the session's workspace as working directory."""
+    code = sys.stdin.read() if file is None or str(file) == "-" else file.read_text()
+    lang = language or (_EXTENSIONS.get(file.suffix.lower()) if file is not None else None) or "python"
+    s = _session(session_id)
+    try:
+        result = s.run(code, lang, timeout)
+    except SandboxError as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        s.close()
+    _print_result(result, as_json)
+    raise typer.Exit(EXIT_TIMEOUT if result.timed_out else (result.exit_code if 0 <= result.exit_code <= 255 else 1))
+
+
+@session_app.command("cell")
+def session_cell(
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    code: Annotated[str | None, typer.Argument(help="Python; '-' or nothing reads stdin.")] = None,
+    timeout: Annotated[float, typer.Option("-t", "--timeout")] = 30,
+    artifacts_dir: Annotated[Path | None, typer.Option("--artifacts", help="Save charts here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Run a cell in the session's stateful interpreter; prints the last expression's value."""
+    text = sys.stdin.read() if code is None or code == "-" else code
+    s = _session(session_id)
+    try:
+        result = s.run_cell(text, timeout)
+    except SandboxError as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        s.close()
+    _print_result(result, as_json)
+    if result.value is not None and not as_json:
+        print(result.value)
+    for art in result.artifacts:
+        target = (artifacts_dir or Path(".")) / art.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(art.data)
+        err.print(f"saved {art.name} ({art.mime_type}, {len(art.data)} bytes) to {target}")
+    if result.interpreter_restarted:
+        err.print("[yellow]sandloop:[/] the interpreter had to be restarted: its variables are gone")
+    raise typer.Exit(EXIT_TIMEOUT if result.timed_out else (result.exit_code if 0 <= result.exit_code <= 255 else 1))
+
+
+@session_app.command("cp")
+def session_cp(
+    src: Annotated[str, typer.Argument(help="Local path or SESSION:path.")],
+    dst: Annotated[str, typer.Argument(help="Local path or SESSION:path.")],
+) -> None:
+    """Copy files in or out: `cp data.csv s-123:in/` , `cp s-123:out.png .` (a directory goes as a tree)."""
+
+    def remote(spec: str) -> tuple[str, str] | None:
+        head, sep, tail = spec.partition(":")
+        return (head, tail or ".") if sep and head.startswith("s-") else None
+
+    r_src, r_dst = remote(src), remote(dst)
+    if bool(r_src) == bool(r_dst):
+        raise _fail("exactly one of SRC and DST must be SESSION:path", 2)
+    try:
+        if r_dst:
+            s = _session(r_dst[0])
+            try:
+                local = Path(src)
+                if local.is_dir():
+                    info = s.upload(local, r_dst[1])
+                    out.print(f"uploaded {info['files']} files ({info['bytes']} bytes)")
+                else:
+                    target = (
+                        r_dst[1].rstrip("/") + "/" + local.name
+                        if r_dst[1].endswith("/") or r_dst[1] == "."
+                        else r_dst[1]
+                    )
+                    out.print(f"wrote {s.write_file(target, local.read_bytes())} bytes to {s.id}:{target}")
+            finally:
+                s.close()
+        else:
+            assert r_src is not None
+            s = _session(r_src[0])
+            try:
+                entries = s.list_files(r_src[1])
+                is_file = len(entries) == 1 and entries[0]["type"] == "file" and r_src[1].endswith(entries[0]["name"])
+                if is_file:
+                    data = s.read_file(r_src[1])
+                    target = Path(dst) / Path(r_src[1]).name if Path(dst).is_dir() else Path(dst)
+                    target.write_bytes(data)
+                    out.print(f"wrote {len(data)} bytes to {target}")
+                else:
+                    import io
+                    import tarfile
+
+                    with tarfile.open(fileobj=io.BytesIO(s.download(r_src[1])), mode="r:gz") as tar:
+                        tar.extractall(dst, filter="data")
+                    out.print(f"extracted {r_src[1]} into {dst}")
+            finally:
+                s.close()
+    except (SandboxError, OSError) as exc:
+        raise _fail(str(exc)) from None
+
+
+@session_app.command("rm")
+def session_rm(session_ids: Annotated[list[str], typer.Argument(help="Session ids.")]) -> None:
+    """Delete sessions: their interpreter, containers and workspace."""
+    for sid in session_ids:
+        _session(sid).delete()
+        out.print(f"deleted {sid}")
 
 
 @app.command("languages")

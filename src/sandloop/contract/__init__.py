@@ -5,16 +5,24 @@ from sandloop.contract.errors import (
     ImageMissing,
     InvalidArgument,
     InvalidLimits,
+    PathRefused,
     RuntimeUnavailable,
     SandboxBusy,
     SandboxError,
+    SessionNotFound,
     UnknownLanguage,
+    WorkspaceFileNotFound,
 )
 from sandloop.contract.limits import DEFAULT_LIMITS, SandboxLimits, format_size, parse_size
-from sandloop.contract.result import ExecutionResult
+from sandloop.contract.result import Artifact, CellResult, ExecutionResult
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "Artifact",
+    "CellResult",
+    "PathRefused",
+    "SessionNotFound",
+    "WorkspaceFileNotFound",
     "EngineUnavailable",
     "ExecutionResult",
     "ImageMissing",

@@ -9,7 +9,10 @@ sandbox itself cannot do its job::
     ├── RuntimeUnavailable          the OCI runtime (e.g. runsc) is not registered with the engine
     ├── UnknownLanguage             no language of that name is registered
     ├── InvalidArgument             a bad value given to the API (also a ValueError)
-    │   └── InvalidLimits           a SandboxLimits value out of range
+    │   ├── InvalidLimits           a SandboxLimits value out of range
+    │   └── PathRefused             a workspace path that escapes the workspace, or too large
+    ├── WorkspaceFileNotFound       no such file in the session's workspace (also FileNotFoundError)
+    ├── SessionNotFound             no live session with that id (deleted or expired)
     └── SandboxBusy                 admission control refused the run; retry later
 
 Every message says what to do about it.
@@ -55,3 +58,15 @@ class SandboxBusy(SandboxError):
     """Admission control refused the run because too many are in flight. Retry later."""
 
     retryable = True
+
+
+class PathRefused(InvalidArgument):
+    """A workspace path was refused: absolute, traversal, a symlink out, or over a size cap."""
+
+
+class WorkspaceFileNotFound(SandboxError, FileNotFoundError):
+    """No such file or directory in the session's workspace."""
+
+
+class SessionNotFound(SandboxError):
+    """No live session with that id: it was deleted, or its idle TTL expired."""

@@ -135,6 +135,10 @@ class SandboxLimits(BaseModel):
             raise ValueError(f"tmpfs_size must be at least 1m, got {self.tmpfs_size}")
         return self
 
+    def for_container(self) -> SandboxLimits:
+        """These limits minus the host-side-only ones: what makes two containers interchangeable."""
+        return self if self.output_limit == 64 * 1024 else self.model_copy(update={"output_limit": 64 * 1024})
+
     @property
     def memory_bytes(self) -> int:
         return parse_size(self.memory)

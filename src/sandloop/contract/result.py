@@ -35,3 +35,24 @@ class ExecutionResult(BaseModel):
     def ok(self) -> bool:
         """The code exited 0 and was not killed for time."""
         return self.exit_code == 0 and not self.timed_out
+
+
+class Artifact(BaseModel):
+    """A file a cell produced for the caller, e.g. a matplotlib figure as PNG."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    mime_type: str
+    data: bytes
+
+
+class CellResult(ExecutionResult):
+    """A cell run in a session's stateful interpreter."""
+
+    #: ``repr`` of the cell's last expression, like a notebook's Out[n]; None when there is none.
+    value: str | None = None
+    artifacts: list[Artifact] = Field(default_factory=list)
+    #: The interpreter had to be killed (OOM, or it ignored the interrupt): its state is gone and
+    #: the next cell starts a fresh one.
+    interpreter_restarted: bool = False

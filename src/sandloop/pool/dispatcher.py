@@ -57,10 +57,10 @@ class Dispatcher:
         _live.add(self)
 
     # -- runs ---------------------------------------------------------------------------------
-    def run(self, request: RunRequest) -> ExecutionResult:
+    def run(self, request: RunRequest, pool_size: int | None = None) -> ExecutionResult:
         started = time.monotonic()
         with self.admission.running():
-            pool = self.pool_for(request.spec)
+            pool = self.pool_for(request.spec, size=pool_size)
             sandbox = pool.take() if pool is not None else None
             if sandbox is None:
                 self.cold_runs += 1
@@ -107,8 +107,9 @@ class Dispatcher:
         return {sid for pool in pools for sid in pool.ready_ids()}
 
     # -- pools --------------------------------------------------------------------------------
-    def pool_for(self, spec: SandboxSpec, create: bool = True) -> WarmPool | None:
-        if self.settings.pool_size <= 0 or self._closed:
+    def pool_for(self, spec: SandboxSpec, create: bool = True, size: int | None = None) -> WarmPool | None:
+        size = self.settings.pool_size if size is None else min(size, self.settings.pool_size)
+        if size <= 0 or self._closed:
             return None
         with self._lock:
             pool = self._pools.get(spec)
@@ -120,7 +121,7 @@ class Dispatcher:
             pool = WarmPool(
                 self.backend,
                 spec,
-                size=self.settings.pool_size,
+                size=size,
                 refill_concurrency=self.settings.pool_refill_concurrency,
                 idle_seconds=self.settings.pool_idle_seconds,
                 admission=self.admission,
@@ -132,6 +133,15 @@ class Dispatcher:
         if evicted is not None:
             threading.Thread(target=evicted.close, daemon=True).start()
         return pool
+
+    def drop_pools(self, matches: Any) -> None:
+        """Close the pools whose spec ``matches`` (e.g. a session's, before its workspace goes)."""
+        with self._lock:
+            gone = [spec for spec in self._pools if matches(spec)]
+            pools = [self._pools.pop(spec) for spec in gone]
+        for pool in pools:
+            pool.close()
+        self.quiesce(60)
 
     def prewarm(self, spec: SandboxSpec, timeout: float = 60.0) -> bool:
         """Start the pool for ``spec`` and wait until it is full."""

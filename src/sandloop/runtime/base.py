@@ -23,6 +23,10 @@ class SandboxSpec:
     limits: SandboxLimits
     cwd: str = "/tmp"
     labels: tuple[tuple[str, str], ...] = ()
+    #: (volume name, mount point) pairs, e.g. a session's workspace at /workspace.
+    volumes: tuple[tuple[str, str], ...] = ()
+    #: Arguments for the launcher (``("--kernel",)`` starts a session's stateful interpreter).
+    command: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -36,10 +40,12 @@ class RunRequest:
     limits: SandboxLimits
     stdin: bytes = b""
     cwd: str = "/tmp"
+    volumes: tuple[tuple[str, str], ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def spec(self) -> SandboxSpec:
-        return SandboxSpec(self.image, self.limits, self.cwd)
+        return SandboxSpec(self.image, self.limits.for_container(), self.cwd, self.labels, self.volumes)
 
     def payload(self, nonce: str = "") -> bytes:
         """Preamble + JSON header + code + the user's stdin: what the launcher reads on its stdin.

@@ -26,7 +26,7 @@ from typing import Any
 import docker
 import docker.errors
 import requests.exceptions
-from docker.types import LogConfig, Ulimit
+from docker.types import LogConfig, Mount, Ulimit
 
 from sandloop.contract import (
     EngineUnavailable,
@@ -130,6 +130,7 @@ class _EndWatch:
         self.marker = marker
         self.held = b""
         self.status: int | None = None
+        self.payload = b""
 
     def feed(self, chunk: bytes | memoryview) -> None:
         if self.status is not None:
@@ -146,8 +147,10 @@ class _EndWatch:
                 self.held = data[at:]
                 return
             self.held = b""
+            status, _, payload = data[at + len(self.marker) : end].partition(b":")
             try:
-                self.status = int(data[at + len(self.marker) : end])
+                self.status = int(status)
+                self.payload = payload
             except ValueError:
                 self.sink.feed(data[at : end + 1])  # not ours after all
             return
@@ -181,6 +184,15 @@ class _Demuxer:
     def exit_status(self) -> int | None:
         out, err = self._watches[1].status, self._watches[2].status
         return err if out is not None and err is not None else None
+
+    @property
+    def payload(self) -> bytes:
+        """What the stdout end line carried after the status (a kernel's cell result)."""
+        return self._watches[1].payload
+
+    def reset(self, stdout: _CappedStream, stderr: _CappedStream, marker: bytes) -> None:
+        """Watch for the next end line on the same connection (keeps the frame parser's state)."""
+        self._watches = {1: _EndWatch(stdout, marker), 2: _EndWatch(stderr, marker)}
 
     def feed(self, data: bytes) -> None:
         view = memoryview(data)
@@ -297,7 +309,14 @@ class DockerBackend:
         attached: Any = None
         try:
             with engine_errors(spec.image, spec.limits.runtime):
-                container_id = api.create_container(**self.container_config(spec, purpose, lifetime_seconds))["Id"]
+                kwargs = self.container_config(spec, purpose, lifetime_seconds)
+                if spec.command:
+                    # A long-lived interpreter: stdin must stay open when one attached client goes.
+                    config = api.create_container_config(**kwargs)
+                    config["StdinOnce"] = False
+                    container_id = api.create_container_from_config(config)["Id"]
+                else:
+                    container_id = api.create_container(**kwargs)["Id"]
                 attached = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
                 api.start(container_id)
             return LiveSandbox(container_id, attached, spec, time.monotonic())
@@ -393,12 +412,14 @@ class DockerBackend:
             security_opt=["no-new-privileges:true"],
             ipc_mode="private",
             ulimits=ulimits,
+            mounts=[Mount(target, volume, type="volume", read_only=False) for volume, target in spec.volumes],
             # Output reaches us over the attach stream; a log driver would copy a flood to disk.
             log_config=LogConfig(type=LogConfig.types.NONE),
             runtime=limits.runtime,
         )
         return {
             "image": spec.image,
+            "command": list(spec.command) or None,
             "stdin_open": True,  # docker-py also sets StdinOnce: our EOF closes the code's stdin
             "user": limits.user,
             "environment": dict(SANDBOX_ENV),
@@ -466,6 +487,27 @@ class DockerBackend:
             volumes = self.api.volumes(filters={"label": label}).get("Volumes") or []
             out += [("volume", v["Name"], v.get("Labels") or {}) for v in volumes]
         return out
+
+    def create_volume(self, name: str, labels: dict[str, str], driver_opts: dict[str, str] | None) -> None:
+        with engine_errors():
+            self.api.create_volume(name, driver="local", driver_opts=driver_opts, labels=labels)
+
+    def remove_containers_labelled(self, label: str) -> int:
+        with engine_errors():
+            found = self.api.containers(all=True, filters={"label": label})
+        for c in found:
+            self._remove(c["Id"])
+        return len(found)
+
+    def find_running(self, label: str) -> list[str]:
+        with engine_errors():
+            return [c["Id"] for c in self.api.containers(filters={"label": label, "status": "running"})]
+
+    def attach(self, container_id: str, spec: SandboxSpec) -> LiveSandbox:
+        """Attach to an already running sandbox (a session's interpreter started by another process)."""
+        with engine_errors(spec.image, spec.limits.runtime):
+            attached = self.api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+        return LiveSandbox(container_id, attached, spec, time.monotonic())
 
     def remove_labelled(self, kind: str, item_id: str) -> None:
         if kind == "container":

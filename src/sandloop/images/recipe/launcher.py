@@ -158,6 +158,12 @@ def main():
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--kernel"]:  # a session's stateful interpreter: see kernel.py
+        sys.modules["launcher"] = sys.modules["__main__"]
+        import kernel
+
+        kernel.serve()
+        sys.exit(0)
     try:
         job = main()
     except SystemExit:

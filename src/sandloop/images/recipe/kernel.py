@@ -1,0 +1,124 @@
+"""A stateful Python interpreter for sessions (``launcher.py --kernel``), like a notebook kernel.
+
+Reads cells from stdin with the launcher's framing (preamble + JSON header ``{"code": N, "nonce":
+...}`` + N bytes), runs each in one persistent ``__main__`` namespace, and ends each cell with the
+launcher's end-of-run line on stdout and stderr. The stdout line carries a base64 JSON payload:
+``{"value": repr of a last expression or null, "artifacts": [{"name", "mime", "data"}]}``; open
+matplotlib figures become PNG artifacts and are closed. SIGINT (the host's timeout) interrupts the
+cell with KeyboardInterrupt and keeps the state. The cell cannot read stdin (it carries cells).
+"""
+
+import ast
+import base64
+import io
+import json
+import os
+import sys
+import traceback
+import types
+
+import launcher
+
+MAX_VALUE_CHARS = 20000
+
+
+def _figures():
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return []
+    out = []
+    for num in plt.get_fignums():
+        buf = io.BytesIO()
+        try:
+            plt.figure(num).savefig(buf, format="png", dpi=100)
+        except Exception as exc:  # a broken figure must not take the kernel down
+            sys.stderr.write("sandloop: could not render figure %s: %s\n" % (num, exc))
+            continue
+        data = base64.b64encode(buf.getvalue()).decode()
+        out.append({"name": "figure-%d.png" % num, "mime": "image/png", "data": data})
+    plt.close("all")
+    return out
+
+
+def run_cell(code, namespace):
+    """Returns (status, value repr or None)."""
+    filename = "<cell>"
+    try:
+        tree = ast.parse(code, filename)
+    except SyntaxError as exc:
+        sys.excepthook(type(exc), exc.with_traceback(None), None)
+        return 1, None
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    try:
+        exec(compile(tree, filename, "exec"), namespace)
+        value = eval(compile(last, filename, "eval"), namespace) if last is not None else None
+    except SystemExit as exc:
+        return launcher.exit_status(exc.code), None
+    except BaseException as exc:
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        return (130 if isinstance(exc, KeyboardInterrupt) else 1), None
+    if value is None:
+        return 0, None
+    namespace["_"] = value
+    text = repr(value)
+    if len(text) > MAX_VALUE_CHARS:
+        text = text[:MAX_VALUE_CHARS] + "... [%d characters omitted]" % (len(text) - MAX_VALUE_CHARS)
+    return 0, text
+
+
+def serve():
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    sys.argv = [""]
+    sys.path[0] = os.getcwd()
+    sys.stdin = io.StringIO("")  # fd 0 carries the cells
+    while True:
+        try:
+            pre = os.read(0, launcher.PREAMBLE_LEN)
+        except KeyboardInterrupt:
+            continue  # an interrupt that arrived between cells
+        if not pre:
+            return  # the host closed stdin: the session's interpreter ends
+        while len(pre) < launcher.PREAMBLE_LEN:
+            more = os.read(0, launcher.PREAMBLE_LEN - len(pre))
+            if not more:
+                return
+            pre += more
+        header = json.loads(launcher.read_exact(int(pre[len(launcher.PREAMBLE) : -1]), "cell header").decode())
+        code = launcher.read_exact(int(header["code"]), "cell").decode("utf-8", "replace")
+        nonce = str(header.get("nonce") or "")
+        try:
+            status, value = run_cell(code, main.__dict__)
+            artifacts = _figures()
+        except KeyboardInterrupt:
+            status, value, artifacts = 130, None, []
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        payload = base64.b64encode(json.dumps({"value": value, "artifacts": artifacts}).encode())
+        line = b"\0\x1esandloop-exit:%s:%d" % (nonce.encode(), status)
+        for fd, data in ((1, line + b":" + payload + b"\n"), (2, line + b"\n")):
+            try:
+                os.write(fd, data) if len(data) < 65536 else _write_all(fd, data)
+            except OSError:
+                pass
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+if __name__ == "__main__":
+    try:
+        serve()
+    except Exception:
+        traceback.print_exc()
+        sys.exit(125)

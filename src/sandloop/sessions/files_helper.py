@@ -1,0 +1,225 @@
+"""File operations on a session's workspace, run *inside* a sandbox with the workspace mounted.
+
+Not imported by sandloop: its source is sent as the program of a run. Running inside the sandbox,
+as the sandbox's user on its read-only root, means even a path check that failed could only ever
+reach the sandbox's own files, never the host's. The host checks paths too.
+
+stdin: one JSON line {"op": ..., "path": ..., ...}, then the data (write_file, upload).
+stdout: one JSON line {"ok": true, ...} or {"ok": false, "kind": ..., "error": ...}.
+"""
+
+import base64
+import io
+import json
+import os
+import shutil
+import stat
+import sys
+import tarfile
+import zipfile
+
+ROOT = "/workspace"
+
+
+class Refused(Exception):
+    kind = "refused"
+
+
+class Missing(Exception):
+    kind = "not_found"
+
+
+def resolve(rel, must_exist=True):
+    """Absolute path inside ROOT; no component may be a symlink leading out of it."""
+    if rel in ("", "."):
+        return ROOT
+    if rel.startswith("/") or "\0" in rel or ".." in rel.split("/"):
+        raise Refused("path %r is not inside the workspace" % rel)
+    full = os.path.join(ROOT, rel)
+    real = os.path.realpath(full)
+    if real != ROOT and not real.startswith(ROOT + "/"):
+        raise Refused("path %r leads out of the workspace (through a symlink)" % rel)
+    if must_exist and not os.path.lexists(full):
+        raise Missing("no such file or directory in the workspace: %s" % rel)
+    return real
+
+
+def entry(path, name):
+    st = os.lstat(path)
+    kind = (
+        "dir"
+        if stat.S_ISDIR(st.st_mode)
+        else "file"
+        if stat.S_ISREG(st.st_mode)
+        else "symlink"
+        if stat.S_ISLNK(st.st_mode)
+        else "other"
+    )
+    return {"name": name, "size": st.st_size, "type": kind, "mtime": st.st_mtime}
+
+
+def op_list(args, data):
+    path = resolve(args.get("path", "."))
+    if not os.path.isdir(path):
+        return {"entries": [entry(path, os.path.basename(path))]}
+    names = sorted(os.listdir(path))
+    return {"entries": [entry(os.path.join(path, n), n) for n in names]}
+
+
+def op_read(args, data):
+    path = resolve(args["path"])
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused("%s is not a regular file" % args["path"])
+        if st.st_size > args["max_bytes"]:
+            raise Refused(
+                "%s is %d bytes; the most read_file returns is %d" % (args["path"], st.st_size, args["max_bytes"])
+            )
+        content = f.read(args["max_bytes"] + 1)
+    return {"data": base64.b64encode(content).decode()}
+
+
+def op_write(args, data):
+    path = resolve(args["path"], must_exist=False)
+    if os.path.isdir(path):
+        raise Refused("%s is a directory" % args["path"])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    resolve(os.path.relpath(os.path.dirname(path), ROOT))  # parents must not lead out either
+    tmp = path + ".sandloop-tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+    return {"size": len(data)}
+
+
+def op_delete(args, data):
+    rel = args["path"]
+    if rel in ("", "."):
+        raise Refused("refusing to delete the workspace itself")
+    path = os.path.join(resolve(os.path.dirname(rel) or "."), os.path.basename(rel))
+    if not os.path.lexists(path):
+        raise Missing("no such file or directory in the workspace: %s" % rel)
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+    return {}
+
+
+def check_member(name):
+    if name.startswith("/") or ".." in name.split("/") or "\0" in name:
+        raise Refused("archive member %r would land outside the workspace" % name)
+
+
+def op_upload(args, data):
+    dest = resolve(args.get("dest", "."), must_exist=False)
+    os.makedirs(dest, exist_ok=True)
+    limit, total, count = args["max_expanded"], 0, 0
+    if data[:4] == b"PK\x03\x04":
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            infos = z.infolist()
+            for info in infos:
+                check_member(info.filename)
+                total += info.file_size
+                if total > limit:
+                    raise Refused("archive expands past %d bytes: refused" % limit)
+            for info in infos:
+                target = os.path.join(dest, info.filename)
+                if info.is_dir():
+                    os.makedirs(target, exist_ok=True)
+                    continue
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with z.open(info) as src, open(target, "wb") as out:
+                    written = 0
+                    while True:
+                        chunk = src.read(1 << 16)
+                        if not chunk:
+                            break
+                        written += len(chunk)
+                        if written > info.file_size:  # lying headers
+                            raise Refused("archive member %s expands past its declared size" % info.filename)
+                        out.write(chunk)
+                count += 1
+        return {"files": count, "bytes": total}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+        members = []
+        for m in tar:
+            check_member(m.name)
+            if not (m.isfile() or m.isdir()):
+                raise Refused(
+                    "archive member %s is a %s; only files and directories are accepted"
+                    % (m.name, "link" if m.issym() or m.islnk() else "special file")
+                )
+            total += m.size
+            if total > limit:
+                raise Refused("archive expands past %d bytes: refused" % limit)
+            members.append(m)
+        for m in members:
+            target = os.path.join(dest, m.name)
+            if m.isdir():
+                os.makedirs(target, exist_ok=True)
+                continue
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            src = tar.extractfile(m)
+            with open(target, "wb") as out:
+                shutil.copyfileobj(src, out)
+            count += 1
+    return {"files": count, "bytes": total}
+
+
+def op_download(args, data):
+    rel = args.get("path", ".")
+    path = resolve(rel)
+    buf = io.BytesIO()
+    total = 0
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        base = os.path.basename(path.rstrip("/")) if path != ROOT else "workspace"
+        for dirpath, dirnames, filenames in (
+            os.walk(path) if os.path.isdir(path) else [(os.path.dirname(path), [], [os.path.basename(path)])]
+        ):
+            for name in sorted(dirnames) + sorted(filenames):
+                full = os.path.join(dirpath, name)
+                if os.path.islink(full):
+                    continue  # links are not followed or archived
+                arc = os.path.join(base, os.path.relpath(full, path)) if os.path.isdir(path) else base
+                if os.path.isfile(full):
+                    total += os.path.getsize(full)
+                    if total > args["max_bytes"]:
+                        raise Refused("%s holds more than %d bytes; download less at a time" % (rel, args["max_bytes"]))
+                tar.add(full, arcname=arc, recursive=False)
+    return {"data": base64.b64encode(buf.getvalue()).decode()}
+
+
+OPS = {
+    "list": op_list,
+    "read": op_read,
+    "write": op_write,
+    "delete": op_delete,
+    "upload": op_upload,
+    "download": op_download,
+}
+
+
+def main():
+    header = json.loads(sys.stdin.buffer.readline())
+    data = sys.stdin.buffer.read()
+    try:
+        result = OPS[header["op"]](header, data)
+        result["ok"] = True
+    except (Refused, Missing) as exc:
+        result = {"ok": False, "kind": exc.kind, "error": str(exc)}
+    except OSError as exc:
+        kind = "no_space" if exc.errno == 28 else "not_found" if exc.errno == 2 else "os_error"
+        result = {"ok": False, "kind": kind, "error": "%s: %s" % (exc.strerror, header.get("path", ""))}
+    sys.stdout.write(json.dumps(result))
+
+
+main()

@@ -1,0 +1,335 @@
+"""``Session``: one sandbox identity whose ``/workspace`` persists across runs, with a stateful
+Python interpreter and a file API.
+
+    with Session(ttl=3600) as s:
+        s.write_file("data.csv", "x,y\\n1,2\\n")
+        s.run_cell("import pandas as pd; df = pd.read_csv('data.csv')")
+        print(s.run_cell("df.y.sum()").value)
+
+Each ``run`` is a fresh single-use sandbox (warm-pooled) with the workspace mounted; ``run_cell``
+goes to the session's long-lived interpreter. File operations run inside a sandbox too, so a
+symlink made by code in the workspace can never reach a host file. ``with`` deletes the session
+at the end; ``Session.create()`` + ``Session.attach(id)`` keep it across processes until
+``delete()`` or until it has been idle for ``ttl`` seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import os
+import tarfile
+from importlib import resources
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from sandloop.contract import (
+    CellResult,
+    ExecutionResult,
+    InvalidArgument,
+    PathRefused,
+    SandboxError,
+    SandboxLimits,
+    WorkspaceFileNotFound,
+    parse_size,
+)
+from sandloop.images import runtime_image
+from sandloop.runtime.base import SandboxSpec
+from sandloop.runtime.labels import LABEL_PREFIX
+from sandloop.sessions.kernel import Kernel, lock_file
+from sandloop.sessions.store import SESSION_LABEL, WORKSPACE, SessionRecord, SessionStore
+
+MAX_READ_BYTES = 16 * 1024 * 1024
+MAX_WRITE_BYTES = 64 * 1024 * 1024
+MAX_UPLOAD_BYTES = 64 * 1024 * 1024
+DEFAULT_QUOTA = "256m"
+_HELPER = resources.files("sandloop.sessions").joinpath("files_helper.py").read_text()
+
+
+def check_path(path: str) -> str:
+    """A workspace-relative POSIX path; refuses absolute paths outside /workspace and ``..``."""
+    if not isinstance(path, str) or "\0" in path:
+        raise PathRefused(f"invalid path {path!r}")
+    p = path.strip()
+    if p.startswith(WORKSPACE + "/") or p == WORKSPACE:
+        p = p[len(WORKSPACE) :].lstrip("/")
+    if p.startswith("/"):
+        raise PathRefused(f"absolute path {path!r} is outside the workspace; use a path relative to {WORKSPACE}")
+    parts = [x for x in PurePosixPath(p).parts if x != "."]
+    if ".." in parts:
+        raise PathRefused(f"path {path!r} climbs out of the workspace ('..' is not allowed)")
+    return "/".join(parts) or "."
+
+
+class Session:
+    """A persistent workspace plus a stateful interpreter. See the module docstring."""
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        ttl: float = 3600,
+        quota: str | int = DEFAULT_QUOTA,
+        *,
+        _record: SessionRecord | None = None,
+        _store: SessionStore | None = None,
+    ) -> None:
+        from sandloop.runner import default_dispatcher
+
+        self._dispatcher = default_dispatcher()
+        self._store = _store or SessionStore(self._dispatcher.backend)
+        if _record is None:
+            limits = limits or SandboxLimits()
+            if not isinstance(limits, SandboxLimits):
+                raise InvalidArgument("limits must be a SandboxLimits")
+            if (
+                isinstance(ttl, bool)
+                or not isinstance(ttl, int | float)
+                or not math.isfinite(ttl)
+                or not 1 <= ttl <= 30 * 86400
+            ):
+                raise InvalidArgument(f"ttl must be between 1 second and 30 days, got {ttl!r}")
+            try:
+                quota_bytes = parse_size(quota)
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from None
+            if not 8 * 1024**2 <= quota_bytes <= 64 * 1024**3:
+                raise InvalidArgument(f"quota must be between 8m and 64g, got {quota!r}")
+            self._store.reap_expired()
+            _record = self._store.create(
+                ttl_seconds=float(ttl),
+                quota_bytes=quota_bytes,
+                image=runtime_image(),
+                limits=limits.model_dump(),
+                owner_uid_gid=limits.user if ":" in limits.user else f"{limits.user}:{limits.user}",
+            )
+        self._record = _record
+        self.limits = SandboxLimits(**_record.limits)
+        self._closed = False
+        self._kernel = Kernel(
+            self._dispatcher.backend,
+            self._spec(kernel=True),
+            self.id,
+            lock_file(self._store.root / self.id),
+            lifetime=_record.ttl_seconds,
+        )
+
+    # -- identity -------------------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls, limits: SandboxLimits | None = None, ttl: float = 3600, quota: str | int = DEFAULT_QUOTA
+    ) -> Session:
+        return cls(limits, ttl, quota)
+
+    @classmethod
+    def attach(cls, session_id: str) -> Session:
+        """Reattach to a live session by id (from any process on this host)."""
+        from sandloop.runner import default_dispatcher
+
+        store = SessionStore(default_dispatcher().backend)
+        record = store.load(session_id)
+        store.ensure_mounted(record)
+        store.touch(record)
+        return cls(_record=record, _store=store)
+
+    @classmethod
+    def list(cls) -> list[SessionRecord]:
+        from sandloop.runner import default_dispatcher
+
+        return SessionStore(default_dispatcher().backend).list()
+
+    @property
+    def id(self) -> str:
+        return self._record.id
+
+    @property
+    def record(self) -> SessionRecord:
+        return self._record
+
+    def _spec(self, kernel: bool = False) -> SandboxSpec:
+        labels: list[tuple[str, str]] = [(SESSION_LABEL, self.id)]
+        if kernel:  # lives as long as the session, whichever process started it
+            labels += [(f"{LABEL_PREFIX}owner", f"session:{self.id}"), (f"{LABEL_PREFIX}expires", "inf")]
+        return SandboxSpec(
+            self._record.image,
+            self.limits.for_container(),
+            cwd=WORKSPACE,
+            labels=tuple(labels),
+            volumes=((self._record.volume, WORKSPACE),),
+            command=("--kernel",) if kernel else (),
+        )
+
+    def _live(self) -> None:
+        if self._closed:
+            raise SandboxError(
+                f"session {self.id} is closed in this process; Session.attach({self.id!r}) to use it again"
+            )
+        self._store.touch(self._record)
+
+    # -- running --------------------------------------------------------------------------------
+    def run(
+        self,
+        code: str | bytes,
+        language: str = "python",
+        timeout_seconds: float = 30,
+        *,
+        stdin: str | bytes | None = None,
+        limits: SandboxLimits | None = None,
+    ) -> ExecutionResult:
+        """Run code in a fresh process with the workspace as its working directory."""
+        self._live()
+        from dataclasses import replace
+
+        from sandloop.runner import build_request
+
+        request = build_request(code, language, timeout_seconds, limits=limits or self.limits, stdin=stdin)
+        spec = self._spec()
+        request = replace(request, image=spec.image, cwd=WORKSPACE, volumes=spec.volumes, labels=spec.labels)
+        return self._dispatcher.run(request, pool_size=1)
+
+    def run_cell(self, code: str, timeout_seconds: float = 30) -> CellResult:
+        """Run a cell in the session's Python interpreter: globals persist between cells."""
+        self._live()
+        from sandloop.runner import check_timeout
+
+        if not isinstance(code, str):
+            raise InvalidArgument("a cell must be a string of Python")
+        return self._kernel.run(code, check_timeout(timeout_seconds), self.limits)
+
+    # -- files ----------------------------------------------------------------------------------
+    def _files(self, op: str, args: dict[str, Any], data: bytes = b"", output: int = 1024 * 1024) -> dict[str, Any]:
+        self._live()
+        from dataclasses import replace
+
+        from sandloop.runner import build_request
+
+        header = json.dumps({"op": op, **args}).encode() + b"\n"
+        limits = self.limits.model_copy(update={"output_limit": output})
+        spec = self._spec()
+        request = build_request(_HELPER, "python", 60, limits=limits, stdin=header + data)
+        request = replace(request, image=spec.image, cwd=WORKSPACE, volumes=spec.volumes, labels=spec.labels)
+        result = self._dispatcher.run(request, pool_size=1)
+        if result.stdout_truncated or not result.stdout.startswith("{"):
+            raise SandboxError(
+                f"file operation {op} failed inside the sandbox: {result.stderr[-500:] or result.stdout[:200]}"
+            )
+        reply = json.loads(result.stdout)
+        if reply.get("ok"):
+            return reply
+        kind, message = reply.get("kind"), reply.get("error", "")
+        if kind == "not_found":
+            raise WorkspaceFileNotFound(message)
+        if kind == "refused":
+            raise PathRefused(message)
+        if kind == "no_space":
+            raise SandboxError(f"the workspace is full ({self._record.quota_bytes} byte quota): {message}")
+        raise SandboxError(message)
+
+    def write_file(self, path: str, content: bytes | str) -> int:
+        rel = check_path(path)
+        data = content.encode() if isinstance(content, str) else bytes(content)
+        if len(data) > MAX_WRITE_BYTES:
+            raise PathRefused(f"{len(data)} bytes is over the {MAX_WRITE_BYTES}-byte cap for write_file; use upload")
+        return int(self._files("write", {"path": rel}, data)["size"])
+
+    def read_file(self, path: str) -> bytes:
+        rel = check_path(path)
+        reply = self._files("read", {"path": rel, "max_bytes": MAX_READ_BYTES}, output=MAX_READ_BYTES * 4 // 3 + 4096)
+        return base64.b64decode(reply["data"])
+
+    def list_files(self, path: str = ".") -> list[dict[str, Any]]:
+        return list(self._files("list", {"path": check_path(path)}, output=16 * 1024 * 1024)["entries"])
+
+    def delete_file(self, path: str) -> None:
+        self._files("delete", {"path": check_path(path)})
+
+    def upload(self, source: str | os.PathLike[str] | bytes, dest: str = ".") -> dict[str, int]:
+        """Upload a local directory, or a tar/tar.gz/zip archive (a path or its bytes)."""
+        if isinstance(source, bytes):
+            data = source
+        else:
+            src = Path(source)
+            if src.is_dir():
+                data = _tar_directory(src)
+            elif src.is_file():
+                if src.stat().st_size > MAX_UPLOAD_BYTES:
+                    raise PathRefused(f"{src} is over the {MAX_UPLOAD_BYTES}-byte upload cap")
+                data = src.read_bytes()
+            else:
+                raise InvalidArgument(f"{source} is neither a directory nor an archive file")
+        if len(data) > MAX_UPLOAD_BYTES:
+            raise PathRefused(f"upload of {len(data)} bytes is over the {MAX_UPLOAD_BYTES}-byte cap")
+        limit = self._record.quota_bytes
+        _check_archive(data, limit)
+        reply = self._files("upload", {"dest": check_path(dest), "max_expanded": limit}, data)
+        return {"files": reply["files"], "bytes": reply["bytes"]}
+
+    def download(self, path: str = ".") -> bytes:
+        """A tar.gz of a file or directory of the workspace (symlinks are left out)."""
+        reply = self._files(
+            "download", {"path": check_path(path), "max_bytes": MAX_READ_BYTES * 2}, output=64 * 1024 * 1024
+        )
+        return base64.b64decode(reply["data"])
+
+    # -- end ---------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release this process's hold; the session lives on for ``attach``."""
+        if not self._closed:
+            self._kernel.close()
+            self._dispatcher.drop_pools(lambda spec: (SESSION_LABEL, self.id) in spec.labels)
+            self._closed = True
+
+    def delete(self) -> None:
+        """Remove the session: its interpreter, containers, workspace and record."""
+        self.close()
+        self._kernel.shutdown()
+        self._store.delete(self.id)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+    def __repr__(self) -> str:
+        return f"Session({self.id!r})"
+
+
+def _tar_directory(src: Path) -> bytes:
+    buf = io.BytesIO()
+    total = 0
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path in sorted(src.rglob("*")):
+            if path.is_symlink():
+                continue
+            total += path.stat().st_size if path.is_file() else 0
+            if total > MAX_UPLOAD_BYTES:
+                raise PathRefused(f"{src} holds more than {MAX_UPLOAD_BYTES} bytes; upload less at a time")
+            tar.add(path, arcname=str(path.relative_to(src)), recursive=False)
+    return buf.getvalue()
+
+
+def _check_archive(data: bytes, limit: int) -> None:
+    """Refuse archive bombs before sending: sum the declared sizes, streaming, stop past the limit."""
+    total = 0
+    if data[:4] == b"PK\x03\x04":
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                for info in z.infolist():
+                    total += info.file_size
+                    if total > limit:
+                        raise PathRefused(f"archive expands to more than the workspace quota ({limit} bytes): refused")
+        except zipfile.BadZipFile as exc:
+            raise InvalidArgument(f"not a valid zip archive: {exc}") from None
+        return
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|*") as tar:
+            for member in tar:
+                total += member.size
+                if total > limit:
+                    raise PathRefused(f"archive expands to more than the workspace quota ({limit} bytes): refused")
+    except tarfile.TarError as exc:
+        raise InvalidArgument(f"not a tar, tar.gz or zip archive: {exc}") from None

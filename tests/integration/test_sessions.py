@@ -1,0 +1,262 @@
+"""Sessions against the real engine: persistence, cells, charts, the file API and its attacks."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import time
+
+import docker
+import pytest
+
+from sandloop import SandboxLimits
+from sandloop.contract import PathRefused, SessionNotFound, WorkspaceFileNotFound
+from sandloop.sessions import Session, SessionStore
+from tests.helpers import our_containers
+
+
+@pytest.fixture
+def session(runtime):
+    s = Session.create(limits=SandboxLimits(runtime=runtime), ttl=600, quota="64m")
+    yield s
+    s.delete()
+
+
+def test_workspace_persists_across_runs_languages_and_cells(session):
+    assert session.run("open('a.txt', 'w').write('from python')").ok
+    assert session.run("cat a.txt; echo ' + bash' >> a.txt", "bash").stdout == "from python"
+    assert session.run("console.log(require('fs').readFileSync('a.txt', 'utf8').trim())", "node").stdout == (
+        "from python + bash\n"
+    )
+    assert session.run_cell("open('a.txt').read().strip()").value == "'from python + bash'"
+
+
+def test_cells_keep_state_and_return_the_last_value(session):
+    assert session.run_cell("x = 20\ny = x + 1").value is None
+    r = session.run_cell("print('side effect')\nx * 2 + y")
+    assert (r.value, r.stdout, r.ok) == ("61", "side effect\n", True)
+    bad = session.run_cell("1/0")
+    assert bad.exit_code == 1 and "ZeroDivisionError" in bad.stderr and not bad.interpreter_restarted
+    assert session.run_cell("x").value == "20"
+
+
+def test_matplotlib_chart_comes_back_as_a_valid_png(session):
+    r = session.run_cell(
+        "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.bar(['a', 'b'], [3, 5])\nax.set_title('t')"
+    )
+    (art,) = r.artifacts
+    assert art.name == "figure-1.png" and art.mime_type == "image/png"
+    assert art.data.startswith(b"\x89PNG\r\n\x1a\n") and len(art.data) > 2000
+    import struct
+
+    width, height = struct.unpack(">II", art.data[16:24])  # IHDR
+    assert width > 100 and height > 100
+    assert session.run_cell("1").artifacts == []  # figures are closed after being returned
+
+
+def test_cell_timeout_interrupts_and_keeps_state(session):
+    session.run_cell("kept = 'yes'")
+    r = session.run_cell("import time\nwhile True: time.sleep(0.1)", timeout_seconds=1.5)
+    assert r.timed_out and r.exit_code == -1 and not r.interpreter_restarted and "KeyboardInterrupt" in r.stderr
+    assert session.run_cell("kept").value == "'yes'"
+
+
+def test_cell_oom_restarts_the_interpreter_and_says_so(runtime):
+    with Session.create(limits=SandboxLimits(runtime=runtime, memory="128m"), ttl=600, quota="16m") as s:
+        s.run_cell("kept = 1")
+        r = s.run_cell("big = bytearray(600 * 1024 * 1024)")
+        assert r.interpreter_restarted and r.exit_code == 137 and not r.ok
+        after = s.run_cell("'kept' in globals()")
+        assert after.value == "False" and not after.interpreter_restarted  # a fresh interpreter
+
+
+def test_run_timeout_kills_the_run_not_the_session(session):
+    session.write_file("f", "still here")
+    r = session.run("import time; time.sleep(30)", timeout_seconds=1)
+    assert r.timed_out
+    assert session.read_file("f") == b"still here"
+
+
+def test_file_api_round_trip(session):
+    assert session.write_file("d/e/data.bin", bytes(range(256))) == 256
+    assert session.read_file("d/e/data.bin") == bytes(range(256))
+    assert session.read_file("/workspace/d/e/data.bin") == bytes(range(256))
+    entries = {e["name"]: e for e in session.list_files("d/e")}
+    assert entries["data.bin"]["size"] == 256 and entries["data.bin"]["type"] == "file"
+    assert {e["name"]: e["type"] for e in session.list_files()}["d"] == "dir"
+    session.delete_file("d/e/data.bin")
+    with pytest.raises(WorkspaceFileNotFound):
+        session.read_file("d/e/data.bin")
+    with pytest.raises(WorkspaceFileNotFound):
+        session.delete_file("nope")
+
+
+def test_upload_and_download(session, tmp_path):
+    src = tmp_path / "proj"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "a.csv").write_text("x\n1\n2\n")
+    (src / "b.txt").write_text("bee")
+    assert session.upload(src, "in") == {"files": 2, "bytes": 9}
+    assert session.run_cell("import pandas as pd\nint(pd.read_csv('in/sub/a.csv').x.sum())").value == "3"
+    with tarfile.open(fileobj=io.BytesIO(session.download("in")), mode="r:gz") as tar:
+        names = sorted(m.name for m in tar.getmembers())
+        assert "in/b.txt" in names and "in/sub/a.csv" in names
+
+
+@pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a/../../x"])
+def test_traversal_and_absolute_paths_are_refused(session, path):
+    with pytest.raises(PathRefused):
+        session.read_file(path)
+    with pytest.raises(PathRefused):
+        session.write_file(path, "x")
+
+
+def test_symlinks_made_inside_cannot_reach_out(session):
+    session.run("import os\nos.symlink('/etc/passwd', 'pw')\nos.symlink('/', 'root')\nos.symlink('/etc', 'etcdir')")
+    for path in ("pw", "root/etc/passwd", "etcdir/hostname"):
+        with pytest.raises(PathRefused, match="leads out"):
+            session.read_file(path)
+    with pytest.raises(PathRefused):
+        session.write_file("etcdir/evil", "x")
+    with tarfile.open(fileobj=io.BytesIO(session.download(".")), mode="r:gz") as tar:
+        assert not any(m.issym() or m.name.endswith("passwd") for m in tar.getmembers())
+
+
+def test_archive_with_links_or_escapes_is_refused(session):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        link = tarfile.TarInfo("evil")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "/etc/passwd"
+        tar.addfile(link)
+    with pytest.raises(PathRefused, match="only files and directories"):
+        session.upload(buf.getvalue())
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("../../escape")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(PathRefused, match="outside the workspace"):
+        session.upload(buf.getvalue())
+
+
+def test_oversized_read_is_refused(session):
+    session.run("open('big', 'wb').write(b'x' * (17 * 1024 * 1024))")
+    with pytest.raises(PathRefused, match="most read_file returns"):
+        session.read_file("big")
+
+
+def test_quota_gives_enospc_inside_and_nothing_outside(session):
+    if not session.record.quota_enforced:
+        pytest.skip("no loop mounts here: quota not enforced")
+    before = os.statvfs("/").f_bavail
+    r = session.run(
+        "import errno\ntry:\n    with open('fill', 'wb') as f:\n        for _ in range(100):\n"
+        "            f.write(b'x' * (1 << 20)); f.flush()\nexcept OSError as e:\n    print(errno.errorcode[e.errno])"
+    )
+    assert r.stdout == "ENOSPC\n"
+    assert before - os.statvfs("/").f_bavail < (80 << 20) // os.statvfs("/").f_frsize  # at most the 64m image
+    other = Session.create(ttl=60, quota="16m")
+    try:
+        assert other.run("open('x', 'w').write('fine'); print('ok')").stdout == "ok\n"
+    finally:
+        other.delete()
+
+
+def test_two_sessions_cannot_see_each_other(session):
+    session.write_file("secret.txt", "mine")
+    with Session.create(ttl=60, quota="16m") as other:
+        assert other.list_files() == []
+        r = other.run("import os; print(os.listdir('/workspace'), os.path.exists('/workspace/secret.txt'))")
+        assert r.stdout == "[] False\n"
+
+
+def test_reattach_from_another_process(session):
+    session.write_file("note.txt", "hello from the first process")
+    session.run_cell("counter = 41")
+    session.close()
+    code = (
+        "from sandloop.sessions import Session\n"
+        f"s = Session.attach({session.id!r})\n"
+        "print(s.read_file('note.txt').decode())\n"
+        "print(s.run_cell('counter + 1').value)\n"
+        "s.close()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["hello from the first process", "42"]
+    again = Session.attach(session.id)
+    assert again.read_file("note.txt") == b"hello from the first process"
+    again.close()
+
+
+def test_workspace_survives_its_containers_being_recycled(session):
+    session.write_file("keep.txt", "kept")
+    session.run_cell("x = 1")
+    for c in docker.from_env().containers.list(all=True, filters={"label": f"sandloop.session={session.id}"}):
+        c.remove(force=True)  # the kernel and any pooled sandboxes: gone
+    assert session.read_file("keep.txt") == b"kept"
+    r = session.run_cell("'x' in globals()")
+    assert r.value == "False"  # interpreter state does not survive a recycle; files do
+
+
+def test_ttl_expiry_removes_session_and_workspace():
+    s = Session.create(ttl=1, quota="16m")
+    s.write_file("f", "x")
+    sid, record = s.id, s.record
+    s.close()
+    time.sleep(1.5)
+    from sandloop.runner import default_dispatcher
+
+    store = SessionStore(default_dispatcher().backend)
+    assert sid in store.reap_expired()
+    with pytest.raises(SessionNotFound):
+        Session.attach(sid)
+    client = docker.from_env()
+    assert client.volumes.list(filters={"name": record.volume}) == []
+    assert client.containers.list(all=True, filters={"label": f"sandloop.session={sid}"}) == []
+    assert not (store.root / sid).exists()
+
+
+def test_delete_leaves_nothing_behind():
+    s = Session.create(ttl=60, quota="16m")
+    s.write_file("f", "x")
+    s.run_cell("1")
+    s.run("print(1)")
+    sid, volume = s.id, s.record.volume
+    s.delete()
+    client = docker.from_env()
+    assert client.containers.list(all=True, filters={"label": f"sandloop.session={sid}"}) == []
+    assert client.volumes.list(filters={"name": volume}) == []
+    assert not (SessionStore(None).root / sid).exists()
+    with open("/proc/mounts") as f:
+        assert sid not in f.read()
+    assert our_containers() == []
+
+
+def test_agent_builds_on_earlier_steps_in_a_session(session):
+    from sandloop.agent import ToolCall, ToolResult, run_agent
+    from sandloop.testing import ScriptedClient, answer, calls, code_call
+
+    client = ScriptedClient(
+        [
+            calls(ToolCall("w1", "write_file", {"path": "in/data.csv", "content": "v\n3\n4\n"})),
+            calls(
+                code_call(
+                    "import pandas as pd\npd.DataFrame({'s': [pd.read_csv('in/data.csv').v.sum()]}).to_csv('out.csv')"
+                )
+            ),
+            calls(ToolCall("l1", "list_files", {}), ToolCall("r1", "read_file", {"path": "out.csv"})),
+            answer("sum is 7"),
+        ]
+    )
+    result = run_agent("sum the csv", client, session=session)
+    assert result.stop_reason == "answered"
+    assert [s.name for s in client.tools_seen[0]] == ["execute_code", "write_file", "read_file", "list_files"]
+    results = [t for t in result.transcript if isinstance(t, ToolResult)]
+    assert not any(r.is_error for r in results), results
+    assert "in" in results[2].content and "out.csv" in results[2].content
+    assert ",s\n0,7\n" in results[3].content
