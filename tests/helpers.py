@@ -12,21 +12,29 @@ from sandloop.runtime.labels import owner_id
 OWNER = owner_id()
 
 
-def our_containers() -> list:
+def our_containers(patience: float = 60.0) -> list:
     """Leftovers: containers this process created (by owner label), running or not, other than
-    the warm sandboxes waiting in the current dispatcher's pools. Waits for pending removals."""
+    the warm sandboxes waiting in pools. Waits for pending and retried removals (an overloaded
+    engine can time a removal out; sandloop retries it), up to ``patience`` seconds."""
+    import time
+
     from sandloop.pool.dispatcher import live_dispatchers
 
-    pooled: set[str] = set()
-    for dispatcher in live_dispatchers():
-        assert dispatcher.settle(60), "used sandboxes were not destroyed, or pools not refilled, within 60 s"
-        pooled |= dispatcher.pooled_ids()
-    client = docker.from_env()
-    try:
-        found = client.containers.list(all=True, filters={"label": f"sandloop.owner={OWNER}"})
-    finally:
-        client.close()
-    return [c for c in found if c.id not in pooled]
+    deadline = time.monotonic() + patience
+    while True:
+        pooled: set[str] = set()
+        for dispatcher in live_dispatchers():
+            assert dispatcher.settle(60), "used sandboxes were not destroyed, or pools not refilled, within 60 s"
+            pooled |= dispatcher.pooled_ids()
+        client = docker.from_env()
+        try:
+            found = client.containers.list(all=True, filters={"label": f"sandloop.owner={OWNER}"})
+        finally:
+            client.close()
+        left = [c for c in found if c.id not in pooled]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1)
 
 
 def host_temp_entries() -> set[str]:

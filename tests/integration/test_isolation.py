@@ -89,14 +89,17 @@ def test_oom_kill_at_the_memory_ceiling(limits):
     assert 96 <= held <= 256, f"killed after holding {held} MB"
 
 
-def test_cpu_share_is_capped(limits):
+def test_cpu_share_is_capped(limits, runtime):
     code = (
         "import time\nt0, c0 = time.monotonic(), time.process_time()\n"
         "while time.monotonic() - t0 < 2: pass\n"
         "print((time.process_time() - c0) / (time.monotonic() - t0))"
     )
     share = float(_run(code, limits).stdout)
-    assert share < 0.7, f"used {share:.2f} of a CPU with cpus=0.5"
+    # gVisor's own CPU accounting reads higher than the host's quota allows (0.49-0.56 under runc,
+    # 0.50-0.71 under runsc on this machine, same 50 ms / 100 ms quota): measured, not assumed.
+    ceiling = 0.7 if runtime == "runc" else 0.8
+    assert share < ceiling, f"used {share:.2f} of a CPU with cpus=0.5"
 
 
 def test_process_ceiling_stops_a_fork_loop(limits):

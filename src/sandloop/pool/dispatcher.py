@@ -95,10 +95,16 @@ class Dispatcher:
             return self._pending_cond.wait_for(lambda: self._pending == 0, timeout)
 
     def settle(self, timeout: float = 60.0) -> bool:
-        """Wait for pending removals and for every pool to be full (nothing in flight)."""
+        """Wait for pending removals (retrying failed ones) and for every pool to be full."""
+        deadline = time.monotonic() + timeout
         with self._lock:
             pools = list(self._pools.values())
-        return self.quiesce(timeout) and all(pool.wait_ready(timeout) for pool in pools)
+        if not (self.quiesce(timeout) and all(pool.wait_ready(timeout) for pool in pools)):
+            return False
+        retry = getattr(self.backend, "retry_removals", lambda: 0)
+        while retry() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return retry() == 0
 
     def pooled_ids(self) -> set[str]:
         """Container ids of the sandboxes waiting in pools (not leftovers)."""
@@ -181,6 +187,7 @@ class Dispatcher:
                 pools = list(self._pools.values())
             for pool in pools:
                 pool.expire()
+            getattr(self.backend, "retry_removals", lambda: 0)()
             if time.monotonic() - last_reap > self.settings.reap_interval_seconds:
                 last_reap = time.monotonic()
                 try:
@@ -200,3 +207,7 @@ class Dispatcher:
         for pool in pools:
             pool.close()
         self._destroyer.shutdown(wait=True)
+        retry = getattr(self.backend, "retry_removals", lambda: 0)
+        deadline = time.monotonic() + 10  # an overloaded engine; the reaper has the rest
+        while retry() and time.monotonic() < deadline:
+            time.sleep(0.5)

@@ -254,6 +254,7 @@ class DockerBackend:
         self._call_timeout = call_timeout
         self._api: docker.APIClient | None = None
         self._lock = threading.Lock()
+        self._graveyard: set[str] = set()
 
     # -- engine connection -------------------------------------------------------------------
     @property
@@ -520,14 +521,30 @@ class DockerBackend:
             except Exception as exc:  # noqa: BLE001 - reaping is best effort
                 log.warning("could not remove volume %s: %s", item_id, exc)
 
-    def _remove(self, container_id: str) -> None:
-        """Best effort: never raises, so it cannot mask the error that got us here."""
+    def _remove(self, container_id: str) -> bool:
+        """Best effort: never raises, so it cannot mask the error that got us here. A removal that
+        failed (engine down or overloaded) is remembered and retried by ``retry_removals``."""
         try:
             self.api.remove_container(container_id, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except Exception as exc:  # noqa: BLE001 - cleanup must not raise
-            log.warning("could not remove container %s: %s (the reaper will)", container_id[:12], exc)
+            log.warning("could not remove container %s: %s (will retry)", container_id[:12], exc)
+            with self._lock:
+                self._graveyard.add(container_id)
+            return False
+        with self._lock:
+            self._graveyard.discard(container_id)
+        return True
+
+    def retry_removals(self) -> int:
+        """Retry removals that failed earlier; returns how many are still pending."""
+        with self._lock:
+            pending = list(self._graveyard)
+        for container_id in pending:
+            self._remove(container_id)
+        with self._lock:
+            return len(self._graveyard)
 
 
 def limits_summary(limits: SandboxLimits) -> str:

@@ -1,0 +1,202 @@
+"""What a hostile or careless model writes, on runc and on runsc. Each case checks what the code
+sees (the attack fails inside) and what the host sees (a correct result in bounded time, nothing
+left behind, the next run works)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sandloop import SandboxLimits, run_code
+from tests.helpers import ONLY_LOOPBACK_GUARD, our_containers
+
+
+@pytest.fixture
+def lim(runtime):
+    return SandboxLimits(runtime=runtime)
+
+
+@pytest.fixture(autouse=True)
+def _host_stays_clean(runtime):
+    yield
+    assert our_containers() == []
+    r = run_code("print('next run works')", limits=SandboxLimits(runtime=runtime))
+    assert r.stdout == "next run works\n"
+
+
+def _run(code, lim, language="python", timeout=30, **kw):
+    r = run_code(code, language, timeout, limits=lim, **kw)
+    assert r.duration_seconds < timeout + 20
+    return r
+
+
+# -- resources -------------------------------------------------------------------------------
+def test_python_fork_bomb(lim):
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    r = _run(code, lim, timeout=5)
+    assert r.timed_out or r.exit_code != 0
+
+
+def test_shell_fork_bomb(lim):
+    r = _run(":(){ :|:& };:", lim, "bash", timeout=5)
+    assert r.timed_out or r.exit_code != 0 or "fork" in r.stderr
+
+
+def test_thread_bomb(lim):
+    code = (
+        "import threading, time\nn = 0\ntry:\n    while True:\n"
+        "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); n += 1\n"
+        "except RuntimeError as e:\n    print(n, e)\n"
+    )
+    r = _run(code, lim)
+    count = int(r.stdout.split()[0])
+    assert count < 64 and "can't start new thread" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "language, code",
+    [
+        ("python", "x = []\nwhile True:\n    x.append(bytearray(8 << 20))"),
+        ("python", "import time\nx = []\nwhile True:\n    x.append(bytearray(4 << 20)); time.sleep(0.01)"),
+        ("node", "const a = []; while (true) { a.push(Buffer.alloc(8 << 20, 1)); }"),
+    ],
+)
+def test_memory_hogs_are_killed_at_the_ceiling(lim, language, code):
+    r = _run(code, lim, language, timeout=60)
+    assert not r.timed_out and r.exit_code in (137, 134, 1) and not r.ok
+    if language == "python":
+        assert r.exit_code == 137 and r.oom_killed
+
+
+def test_inode_exhaustion_in_tmp_is_contained(lim):
+    code = (
+        "import os, errno\nn = 0\ntry:\n    while n < 2_000_000:\n        open(f'/tmp/f{n}', 'w').close(); n += 1\n"
+        "except OSError as e:\n    print(n, errno.errorcode[e.errno])\nelse:\n    print(n, 'none')"
+    )
+    r = _run(code, lim, timeout=120)
+    n, err = r.stdout.split()
+    assert err in ("ENOSPC", "EMFILE") and int(n) <= 70_000, r.stdout
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr", "both"])
+def test_output_floods_are_capped(lim, stream):
+    targets = {"stdout": "sys.stdout", "stderr": "sys.stderr", "both": "sys.stdout, sys.stderr"}[stream]
+    code = (
+        f"import sys\nchunk = 'z' * 65536\nfor _ in range(800):\n    for s in ({targets},):\n        s.write(chunk)\n"
+    )
+    r = _run(code, lim, timeout=120)
+    assert r.ok
+    if stream in ("stdout", "both"):
+        assert len(r.stdout) == 65536 and r.stdout_dropped_bytes == 800 * 65536 - 65536
+    if stream in ("stderr", "both"):
+        assert len(r.stderr) == 65536 and r.stderr_dropped_bytes == 800 * 65536 - 65536
+
+
+def test_double_forked_daemon_does_not_outlive_the_run(lim):
+    code = r"""
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        sys.stdout.close(); sys.stderr.close()
+        os.close(1); os.close(2)
+        time.sleep(600)
+    os._exit(0)
+os.wait()
+print("parent done")
+"""
+    r = _run(code, lim, timeout=30)
+    assert r.stdout == "parent done\n" and r.ok and r.duration_seconds < 15
+
+
+def test_background_children_do_not_hold_the_run(lim):
+    r = _run("sleep 300 &\nsleep 300 &\necho started", lim, "bash", timeout=30)
+    assert r.stdout == "started\n" and r.ok and r.duration_seconds < 15
+
+
+def test_nul_bytes_in_code_are_a_result(lim):
+    r = _run("print(1)\x00", lim)
+    assert r.exit_code == 1 and "null bytes" in r.stderr
+
+
+# -- escape and privilege ------------------------------------------------------------------------
+ATTACKS = r"""
+import ctypes, errno, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+def attempt(name, fn):
+    try:
+        rc = fn()
+        out[name] = errno.errorcode.get(ctypes.get_errno(), "E?") if isinstance(rc, int) and rc < 0 else "ALLOWED"
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, str(e.errno))
+os.makedirs("/tmp/m", exist_ok=True)
+attempt("mount", lambda: libc.mount(b"none", b"/tmp/m", b"tmpfs", 0, None))
+attempt("chroot", lambda: os.chroot("/tmp"))
+attempt("setuid0", lambda: os.setuid(0))
+attempt("setgid0", lambda: os.setgid(0))
+attempt("sethostname", lambda: libc.sethostname(b"pwned", 5))
+attempt("unshare_user", lambda: libc.unshare(0x10000000))
+attempt("unshare_mount", lambda: libc.unshare(0x00020000))
+attempt("unshare_net", lambda: libc.unshare(0x40000000))
+attempt("ptrace_pid1", lambda: libc.ptrace(16, 1, 0, 0))
+attempt("keyctl", lambda: libc.syscall(248, b"user", b"k", b"v", 1, -3))
+attempt("bpf", lambda: libc.syscall(321, 0, 0, 0))
+attempt("raw_socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+attempt("packet_socket", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0))
+attempt("sysrq", lambda: open("/proc/sysrq-trigger", "w").write("h"))
+attempt("mknod", lambda: os.mknod("/tmp/dev", 0o600 | 0o020000, os.makedev(1, 1)))
+attempt("chown_root", lambda: os.chown("/tmp/m", 0, 0))
+try:
+    with open("/proc/kcore", "rb") as f:
+        out["kcore_read"] = "ALLOWED" if f.read(16) else "EMPTY"
+except OSError as e:
+    out["kcore_read"] = errno.errorcode.get(e.errno, "E?")
+out["firmware"] = os.listdir("/sys/firmware") if os.path.isdir("/sys/firmware") else "ABSENT"
+socks = ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock")
+out["docker_sock"] = [p for p in socks if os.path.exists(p)]
+print(json.dumps(out))
+"""
+
+
+def test_privileged_operations_are_refused(lim):
+    r = _run(ATTACKS, lim)
+    out = json.loads(r.stdout)
+    firmware, sock = out.pop("firmware"), out.pop("docker_sock")
+    allowed = {k: v for k, v in out.items() if v == "ALLOWED"}
+    assert allowed == {}, allowed
+    assert firmware in ([], "ABSENT") and sock == []
+
+
+def test_kernel_interfaces_are_masked(lim):
+    code = (
+        "import os\nfor p in ('/proc/kcore', '/proc/keys', '/proc/timer_list', '/proc/sched_debug'):\n"
+        "    try:\n        data = open(p, 'rb').read(64)\n        print(p, len(data))\n"
+        "    except OSError as e:\n        print(p, 'refused', e.errno)\n"
+    )
+    for line in _run(code, lim).stdout.splitlines():
+        path, verdict = line.split(" ", 1)
+        assert verdict == "0" or verdict.startswith("refused"), line
+
+
+# -- egress --------------------------------------------------------------------------------------
+def test_icmp_and_node_http_cannot_leave(lim):
+    r = _run(ONLY_LOOPBACK_GUARD + "print('only lo')", lim)
+    assert r.stdout == "only lo\n", r.stdout
+    node = (
+        "const http = require('http');"
+        "const req = http.get('http://192.0.2.1/', () => console.log('CONNECTED'));"
+        "req.setTimeout(3000, () => { console.log('TIMEOUT'); req.destroy(); });"
+        "req.on('error', e => console.log(e.code));"
+    )
+    r = _run(node, lim, "node")
+    assert r.stdout.strip() in ("ENETUNREACH", "EHOSTUNREACH", "EADDRNOTAVAIL"), r.stdout
+    r = _run("require('dns').lookup('example.com', (e) => console.log(e ? e.code : 'RESOLVED'))", lim, "node")
+    assert r.stdout.strip() in ("ENOTFOUND", "EAI_AGAIN"), r.stdout
+
+
+# -- input ---------------------------------------------------------------------------------------
+def test_binary_garbage_output(lim):
+    r = _run("import os, sys\nos.write(1, bytes(range(256)) * 4)\nos.write(2, b'\\xc3\\x28\\x00')", lim)
+    assert r.ok and len(r.stdout) > 0 and "\ufffd" in r.stderr
