@@ -17,7 +17,32 @@ engine_answers() { timeout 10 docker info >/dev/null 2>&1; }
 
 runsc_registered() { timeout 10 docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; }
 
+# Register gVisor. --network=none is required: this runsc refuses `--network none` containers
+# ("cannot run with network enabled in root network namespace") without it. Not --oci-seccomp:
+# with it this runsc applies Docker's profile inside the sandbox, where clone3's ENOSYS turns
+# into EPERM and every new thread fails (Node aborts, Python cannot start threads); gVisor's own
+# syscall implementation is the boundary there. A daemon.json this script wrote (marked by the
+# platform flag) is brought up to date; anyone else's is left alone.
+RUNSC_ARGS='["--platform=ptrace", "--network=none"]'
+configure_runsc() {  # $1 = "upgrade-only": never create a config for an engine we did not start
+    command -v runsc >/dev/null 2>&1 || return 0
+    [ -w /etc ] || return 0
+    mkdir -p /etc/docker
+    local desired
+    desired="$(printf '{\n  "runtimes": {\n    "runsc": {"path": "%s", "runtimeArgs": %s}\n  }\n}' "$(command -v runsc)" "$RUNSC_ARGS")"
+    if { [ ! -s "$DAEMON_JSON" ] && [ "${1:-}" != upgrade-only ]; } \
+        || { [ -s "$DAEMON_JSON" ] && grep -q '"--platform=ptrace"' "$DAEMON_JSON" && [ "$(cat "$DAEMON_JSON")" != "$desired" ]; }; then
+        printf '%s\n' "$desired" > "$DAEMON_JSON"
+        say "registered runsc in $DAEMON_JSON"
+        # a running daemon reloads its runtimes on SIGHUP
+        if pgrep -x dockerd >/dev/null 2>&1; then pkill -HUP -x dockerd || true; sleep 1; fi
+    elif ! grep -q runsc "$DAEMON_JSON"; then
+        say "$DAEMON_JSON exists and has no runsc runtime; leaving it alone (runsc tests will skip)"
+    fi
+}
+
 if engine_answers; then
+    configure_runsc upgrade-only
     if runsc_registered; then
         say "Docker engine already running (runsc registered); nothing to do."
     else
@@ -49,22 +74,7 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-# Register gVisor. --network=none is required: this runsc refuses `--network none` containers
-# ("cannot run with network enabled in root network namespace") without it.
-mkdir -p /etc/docker
-if [ ! -s "$DAEMON_JSON" ]; then
-    RUNSC="$(command -v runsc)"
-    cat > "$DAEMON_JSON" <<JSON
-{
-  "runtimes": {
-    "runsc": {"path": "$RUNSC", "runtimeArgs": ["--platform=ptrace", "--network=none"]}
-  }
-}
-JSON
-    say "registered runsc in $DAEMON_JSON"
-elif ! grep -q runsc "$DAEMON_JSON"; then
-    say "$DAEMON_JSON exists and has no runsc runtime; leaving it alone (runsc tests will skip)"
-fi
+configure_runsc
 
 # A pid file left by a daemon that died blocks the next start.
 if [ -f "$PIDFILE" ] && ! kill -0 "$(cat "$PIDFILE" 2>/dev/null)" 2>/dev/null; then

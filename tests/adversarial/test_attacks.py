@@ -39,8 +39,12 @@ def test_python_fork_bomb(lim):
 
 
 def test_shell_fork_bomb(lim):
+    # the classic returns at once and leaves the bomb running in the background: the run ends,
+    # and the bomb dies with its container; with a wait, the process ceiling stops it
     r = _run(":(){ :|:& };:", lim, "bash", timeout=5)
-    assert r.timed_out or r.exit_code != 0 or "fork" in r.stderr
+    assert r.exit_code == 0 and not r.timed_out
+    r = _run("bomb() { bomb | bomb & }; bomb; sleep 2; echo still here", lim, "bash", timeout=10)
+    assert r.timed_out or "fork" in r.stderr or r.stdout == "still here\n"
 
 
 def test_thread_bomb(lim):
@@ -75,8 +79,10 @@ def test_inode_exhaustion_in_tmp_is_contained(lim):
         "except OSError as e:\n    print(n, errno.errorcode[e.errno])\nelse:\n    print(n, 'none')"
     )
     r = _run(code, lim, timeout=120)
+    if lim.runtime == "runsc" and r.oom_killed:
+        return  # gVisor's tmpfs ignores nr_inodes; each file costs Sentry memory: the OOM ceiling stops it
     n, err = r.stdout.split()
-    assert err in ("ENOSPC", "EMFILE") and int(n) <= 70_000, r.stdout
+    assert err == "ENOSPC" and int(n) <= lim.tmpfs_inodes, (r.stdout, r.stderr[-300:], r.exit_code)
 
 
 @pytest.mark.parametrize("stream", ["stdout", "stderr", "both"])
@@ -116,8 +122,10 @@ def test_background_children_do_not_hold_the_run(lim):
 
 
 def test_nul_bytes_in_code_are_a_result(lim):
-    r = _run("print(1)\x00", lim)
-    assert r.exit_code == 1 and "null bytes" in r.stderr
+    # Debian's Python 3.11.2 stops reading a source file at a NUL (newer ones refuse the file);
+    # either way it is a result, not a crash
+    r = _run("print(1)\x00print(2)", lim)
+    assert (r.exit_code == 0 and r.stdout == "1\n") or (r.exit_code == 1 and "null bytes" in r.stderr)
 
 
 # -- escape and privilege ------------------------------------------------------------------------
@@ -126,11 +134,23 @@ import ctypes, errno, json, os, socket
 libc = ctypes.CDLL(None, use_errno=True)
 out = {}
 def attempt(name, fn):
-    try:
-        rc = fn()
-        out[name] = errno.errorcode.get(ctypes.get_errno(), "E?") if isinstance(rc, int) and rc < 0 else "ALLOWED"
-    except OSError as e:
-        out[name] = errno.errorcode.get(e.errno, str(e.errno))
+    # each attempt in its own child, so one that succeeded (say, a new user namespace) cannot
+    # lend its privileges to the next
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            rc = fn()
+            verdict = errno.errorcode.get(ctypes.get_errno(), "E?") if isinstance(rc, int) and rc < 0 else "ALLOWED"
+        except OSError as e:
+            verdict = errno.errorcode.get(e.errno, str(e.errno))
+        os.write(w, verdict.encode())
+        os._exit(0)
+    os.close(w)
+    out[name] = os.read(r, 100).decode() or "CRASHED"
+    os.close(r)
+    os.waitpid(pid, 0)
 os.makedirs("/tmp/m", exist_ok=True)
 attempt("mount", lambda: libc.mount(b"none", b"/tmp/m", b"tmpfs", 0, None))
 attempt("chroot", lambda: os.chroot("/tmp"))
@@ -146,7 +166,11 @@ attempt("bpf", lambda: libc.syscall(321, 0, 0, 0))
 attempt("raw_socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
 attempt("packet_socket", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0))
 attempt("sysrq", lambda: open("/proc/sysrq-trigger", "w").write("h"))
-attempt("mknod", lambda: os.mknod("/tmp/dev", 0o600 | 0o020000, os.makedev(1, 1)))
+def mknod_mem():
+    os.mknod("/tmp/mem", 0o600 | 0o020000, os.makedev(1, 1))  # /dev/mem
+    with open("/tmp/mem", "rb") as f:
+        return 0 if f.read(1) is not None else -1
+attempt("mknod_dev_mem_read", mknod_mem)
 attempt("chown_root", lambda: os.chown("/tmp/m", 0, 0))
 try:
     with open("/proc/kcore", "rb") as f:
@@ -160,13 +184,48 @@ print(json.dumps(out))
 """
 
 
-def test_privileged_operations_are_refused(lim):
+#: What gVisor 20221219 allows because it happens inside its own kernel, never the host's: a user
+#: namespace, and a mount namespace (it does not check CAP_SYS_ADMIN for CLONE_NEWNS) are Sentry
+#: objects. The test below checks that they reach nothing outside.
+RUNSC_INTERNAL = {"unshare_user", "unshare_mount"}
+
+
+def test_privileged_operations_are_refused(lim, runtime):
     r = _run(ATTACKS, lim)
     out = json.loads(r.stdout)
     firmware, sock = out.pop("firmware"), out.pop("docker_sock")
-    allowed = {k: v for k, v in out.items() if v == "ALLOWED"}
-    assert allowed == {}, allowed
+    allowed = {k for k, v in out.items() if v == "ALLOWED"}
+    expected = RUNSC_INTERNAL & allowed if runtime == "runsc" else set()
+    assert allowed == expected, out
     assert firmware in ([], "ABSENT") and sock == []
+
+
+def test_gvisor_user_namespace_gains_nothing_outside(lim, runtime):
+    """Under runsc a new user namespace is allowed; from it, the host stays out of reach."""
+    code = r"""
+import ctypes, errno, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x10000000 | 0x00020000) != 0:   # CLONE_NEWUSER | CLONE_NEWNS
+    print("refused", errno.errorcode[ctypes.get_errno()]); raise SystemExit
+print("uid in ns", os.getuid())
+os.makedirs("/tmp/m", exist_ok=True)
+print("mount tmpfs", libc.mount(b"none", b"/tmp/m", b"tmpfs", 0, None))
+for path in ("/etc/shadow", "/proc/1/root/etc/hostname"):
+    try:
+        open(path, "rb").read(); print("read", path)
+    except OSError as e:
+        print("denied", path)
+s = socket.socket(); s.settimeout(2)
+try:
+    s.connect(("192.0.2.1", 80)); print("CONNECTED")
+except OSError as e:
+    print("connect", errno.errorcode.get(e.errno))
+"""
+    out = _run(code, lim).stdout
+    if out.startswith("refused"):
+        assert runtime == "runc", out
+        return
+    assert "read /etc/shadow" not in out and "CONNECTED" not in out, out
 
 
 def test_kernel_interfaces_are_masked(lim):

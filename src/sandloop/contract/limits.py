@@ -64,6 +64,12 @@ class SandboxLimits(BaseModel):
     user: str = Field("65534:65534", description="uid:gid the code runs as (default nobody).")
     runtime: Literal["runc", "runsc"] = Field("runc", description="OCI runtime: runc, or runsc (gVisor).")
     open_files: int = Field(1024, description="RLIMIT_NOFILE (soft and hard).")
+    tmpfs_inodes: int = Field(16384, description="Most files and directories in /tmp (inode exhaustion).")
+    seccomp: Literal["sandloop", "docker-default"] = Field(
+        "sandloop",
+        description="Syscall filter: Docker's default minus ptrace, process_vm_*, io_uring, keyrings and "
+        "userfaultfd ('sandloop'), or Docker's own default.",
+    )
     output_limit: int = Field(
         64 * 1024, description="Bytes of stdout and of stderr kept per run; the rest is dropped while reading."
     )
@@ -114,6 +120,13 @@ class SandboxLimits(BaseModel):
     def _nofile(cls, v: int) -> int:
         if not 16 <= v <= 1048576:
             raise ValueError(f"open_files must be between 16 and 1048576, got {v}")
+        return v
+
+    @field_validator("tmpfs_inodes")
+    @classmethod
+    def _inodes(cls, v: int) -> int:
+        if not 64 <= v <= 10_000_000:
+            raise ValueError(f"tmpfs_inodes must be between 64 and 10000000, got {v}")
         return v
 
     @field_validator("output_limit")

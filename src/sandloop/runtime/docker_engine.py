@@ -12,6 +12,8 @@ Docker and requests exceptions are mapped to sandloop's errors in exactly one pl
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import logging
 import os
 import secrets
@@ -21,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 import docker
@@ -246,6 +249,22 @@ class LiveSandbox:
         return _raw_socket(self.attached)
 
 
+@functools.cache
+def _sandloop_seccomp() -> str:
+    return json.dumps(json.loads(resources.files("sandloop.runtime").joinpath("seccomp.json").read_text()))
+
+
+def seccomp_options(profile: str) -> list[str]:
+    """security_opt entries for a profile name: sandloop's own (see scripts/make-seccomp.py)."""
+    return [f"seccomp={_sandloop_seccomp()}"] if profile == "sandloop" else []
+
+
+#: Containers whose removal failed (engine down or overloaded), retried by any backend in this
+#: process (``retry_removals``), so one closed dispatcher's leftovers are not orphaned.
+_graveyard: set[str] = set()
+_graveyard_lock = threading.Lock()
+
+
 class DockerBackend:
     """Runs each request in a fresh, hardened, single-use container on a Docker engine."""
 
@@ -254,7 +273,6 @@ class DockerBackend:
         self._call_timeout = call_timeout
         self._api: docker.APIClient | None = None
         self._lock = threading.Lock()
-        self._graveyard: set[str] = set()
 
     # -- engine connection -------------------------------------------------------------------
     @property
@@ -408,9 +426,9 @@ class DockerBackend:
             nano_cpus=int(limits.cpus * 1e9),
             pids_limit=pids_limit,
             read_only=limits.read_only,
-            tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_bytes},mode=1777"},
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_bytes},nr_inodes={limits.tmpfs_inodes},mode=1777"},
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges:true"],
+            security_opt=["no-new-privileges:true", *seccomp_options(limits.seccomp)],
             ipc_mode="private",
             ulimits=ulimits,
             mounts=[Mount(target, volume, type="volume", read_only=False) for volume, target in spec.volumes],
@@ -530,21 +548,21 @@ class DockerBackend:
             pass
         except Exception as exc:  # noqa: BLE001 - cleanup must not raise
             log.warning("could not remove container %s: %s (will retry)", container_id[:12], exc)
-            with self._lock:
-                self._graveyard.add(container_id)
+            with _graveyard_lock:
+                _graveyard.add(container_id)
             return False
-        with self._lock:
-            self._graveyard.discard(container_id)
+        with _graveyard_lock:
+            _graveyard.discard(container_id)
         return True
 
     def retry_removals(self) -> int:
         """Retry removals that failed earlier; returns how many are still pending."""
-        with self._lock:
-            pending = list(self._graveyard)
+        with _graveyard_lock:
+            pending = list(_graveyard)
         for container_id in pending:
             self._remove(container_id)
-        with self._lock:
-            return len(self._graveyard)
+        with _graveyard_lock:
+            return len(_graveyard)
 
 
 def limits_summary(limits: SandboxLimits) -> str:

@@ -1,0 +1,90 @@
+"""Faults of the host side: the engine stopping mid-run, a missing image, many callers at once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sandloop import EngineUnavailable, ExecutionResult, ImageMissing, SandboxError, SandboxLimits, run_code
+from sandloop.pool import Dispatcher
+from sandloop.runner import build_request
+from sandloop.runtime.docker_engine import DockerBackend
+from sandloop.settings import Settings
+from tests.helpers import our_containers
+
+ENGINE_UP = Path(__file__).resolve().parents[2] / "scripts" / "engine-up.sh"
+
+
+def _dockerd_pid() -> int | None:
+    out = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
+    return int(out[0]) if out else None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("dockerd"), reason="needs root and a local dockerd to stop")
+def test_engine_stopped_mid_run_then_recovery():
+    """A SandboxError (not a hang, not a wrong result), then normal runs once the engine is back."""
+    pid = _dockerd_pid()
+    if pid is None:
+        pytest.skip("dockerd is not a local process here")
+    d = Dispatcher(DockerBackend(call_timeout=20), Settings(pool_size=1))
+    outcome: list[object] = []
+
+    def long_run() -> None:
+        try:
+            outcome.append(
+                d.run(build_request("import time\nprint('started', flush=True)\ntime.sleep(60)", timeout_seconds=90))
+            )
+        except SandboxError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=long_run)
+    worker.start()
+    time.sleep(2)  # let it start; the run is sleeping inside the sandbox
+    os.kill(pid, 15)  # dockerd shuts down, stopping its containers
+    worker.join(120)
+    assert not worker.is_alive(), "the run hung after the engine stopped"
+    (result,) = outcome
+    # Either the engine error surfaced, or the run ended as a kill (the engine stopped the
+    # container, SIGTERM through tini): never a hang and never a fake success.
+    assert isinstance(result, EngineUnavailable) or (isinstance(result, ExecutionResult) and not result.ok), result
+    with pytest.raises(SandboxError):
+        d.run(build_request("print(1)"))  # engine down: a clear error
+    subprocess.run(["bash", str(ENGINE_UP)], check=True, capture_output=True, timeout=120)
+    r = d.run(build_request("print('back')"))
+    assert r.stdout == "back\n"
+    d.close()
+    assert our_containers(patience=90) == []
+
+
+def test_missing_image_names_the_command(monkeypatch):
+    monkeypatch.setenv("SANDLOOP_IMAGE", "sandloop-runtime:not-built")
+    d = Dispatcher(DockerBackend(), Settings(pool_size=0))
+    with pytest.raises(ImageMissing, match="sandloop images build"):
+        d.run(build_request("print(1)"))
+    d.close()
+
+
+def test_many_callers_never_get_each_others_results(runtime):
+    lim = SandboxLimits(runtime=runtime)
+    results: dict[int, ExecutionResult] = {}
+
+    def call(i: int) -> None:
+        results[i] = run_code(
+            f"import sys\nprint('out', {i})\nprint('err', {i}, file=sys.stderr)\nsys.exit({i % 7})", limits=lim
+        )
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert sorted(results) == list(range(24))
+    for i, r in results.items():
+        assert (r.stdout, r.stderr, r.exit_code) == (f"out {i}\n", f"err {i}\n", i % 7)
+    assert our_containers() == []
