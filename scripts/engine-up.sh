@@ -76,25 +76,29 @@ fi
 
 configure_runsc
 
-# A pid file left by a daemon that died blocks the next start.
-if [ -f "$PIDFILE" ] && ! kill -0 "$(cat "$PIDFILE" 2>/dev/null)" 2>/dev/null; then
-    say "removing stale $PIDFILE"
-    rm -f "$PIDFILE"
-fi
-
-if ! pgrep -x dockerd >/dev/null 2>&1; then
+start_dockerd() {
+    # A pid file left by a daemon that died blocks the next start.
+    if [ -f "$PIDFILE" ] && ! kill -0 "$(cat "$PIDFILE" 2>/dev/null)" 2>/dev/null; then
+        say "removing stale $PIDFILE"
+        rm -f "$PIDFILE"
+    fi
     say "starting dockerd (log: $LOG)"
     # setsid + nohup: the daemon must outlive this script and the shell that ran it.
     setsid nohup dockerd >>"$LOG" 2>&1 </dev/null &
-fi
+}
 
-for _ in $(seq 1 60); do
+# A dockerd that is still shutting down (stopping its containers) answers nothing: wait for it
+# to finish, then start a fresh one.
+for _ in $(seq 1 120); do
     if engine_answers; then
         say "Docker engine ready"
         exit 0
     fi
+    if ! pgrep -x dockerd >/dev/null 2>&1; then
+        start_dockerd
+    fi
     sleep 0.5
 done
-say "dockerd did not answer within 30 s; see $LOG"
+say "dockerd did not answer within 60 s; see $LOG"
 tail -n 20 "$LOG" >&2 || true
 exit 1
