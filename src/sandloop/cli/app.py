@@ -37,6 +37,8 @@ session_app = typer.Typer(
     help="Sessions: a persistent /workspace and a stateful Python interpreter.", no_args_is_help=True
 )
 app.add_typer(session_app, name="session")
+tokens_app = typer.Typer(help="Bearer tokens for `sandloop serve` (stored hashed).", no_args_is_help=True)
+app.add_typer(tokens_app, name="tokens")
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -480,6 +482,72 @@ def session_rm(session_ids: Annotated[list[str], typer.Argument(help="Session id
     for sid in session_ids:
         _session(sid).delete()
         out.print(f"deleted {sid}")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8080,
+) -> None:
+    """Serve the HTTP API (OpenAPI at /docs). Create a token first: `sandloop tokens create NAME`."""
+    try:
+        import uvicorn
+
+        from sandloop.server.app import create_app
+    except ImportError:
+        raise _fail("the HTTP API needs its extra: pip install 'sandloop[server]'", 2) from None
+    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+
+
+@tokens_app.command("create")
+def tokens_create(
+    name: Annotated[str, typer.Argument(help="A name to recognise the token by.")],
+    max_concurrent: Annotated[int, typer.Option(help="Runs at once.")] = 4,
+    runs_per_minute: Annotated[int, typer.Option(help="Runs per minute.")] = 120,
+    max_memory: Annotated[str, typer.Option(help="Most memory a run may ask for.")] = "1g",
+    max_timeout: Annotated[float, typer.Option(help="Longest timeout a run may ask for.")] = 300,
+) -> None:
+    """Create a token; the secret is printed once."""
+    from sandloop.server.tokens import TokenStore
+
+    secret, token = TokenStore().create(
+        name,
+        max_concurrent=max_concurrent,
+        runs_per_minute=runs_per_minute,
+        max_memory=max_memory,
+        max_timeout=max_timeout,
+    )
+    err.print(f"created {token.id} ({name}); the secret is shown only now:")
+    print(secret)
+
+
+@tokens_app.command("ls")
+def tokens_ls() -> None:
+    """List tokens (never their secrets)."""
+    from sandloop.server.tokens import TokenStore
+
+    table = Table("id", "name", "state", "concurrent", "per minute", "memory", "timeout")
+    for t in TokenStore().list():
+        table.add_row(
+            t.id,
+            t.name,
+            "revoked" if t.revoked else "active",
+            str(t.max_concurrent),
+            str(t.runs_per_minute),
+            t.max_memory,
+            f"{t.max_timeout:g}",
+        )
+    out.print(table)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(token_id: Annotated[str, typer.Argument(help="The token's id (tok_...).")]) -> None:
+    """Revoke a token at once."""
+    from sandloop.server.tokens import TokenStore
+
+    if not TokenStore().revoke(token_id):
+        raise _fail(f"no active token {token_id}", 1)
+    out.print(f"revoked {token_id}")
 
 
 @app.command("languages")

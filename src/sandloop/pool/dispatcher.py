@@ -16,7 +16,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sandloop.contract import ExecutionResult
+from sandloop.contract import ExecutionResult, ImageMissing, InvalidLimits, RuntimeUnavailable
 from sandloop.pool.admission import Admission
 from sandloop.pool.warm import WarmPool
 from sandloop.runtime.base import RunRequest, SandboxSpec
@@ -65,7 +65,14 @@ class Dispatcher:
             if sandbox is None:
                 self.cold_runs += 1
                 with self.admission.creating():
-                    sandbox = self.backend.launch(request.spec, purpose="run", lifetime_seconds=request.timeout_seconds)
+                    try:
+                        sandbox = self.backend.launch(
+                            request.spec, purpose="run", lifetime_seconds=request.timeout_seconds
+                        )
+                    except (ImageMissing, RuntimeUnavailable, InvalidLimits):
+                        # no sandbox of this kind can ever start: keep no pool refilling for it
+                        self.drop_pools(lambda spec: spec == request.spec)
+                        raise
             else:
                 self.warm_runs += 1
             try:
@@ -99,7 +106,7 @@ class Dispatcher:
         deadline = time.monotonic() + timeout
         with self._lock:
             pools = list(self._pools.values())
-        if not (self.quiesce(timeout) and all(pool.wait_ready(timeout) for pool in pools)):
+        if not (self.quiesce(timeout) and all(pool.wait_ready(timeout) or pool.failing for pool in pools)):
             return False
         retry = getattr(self.backend, "retry_removals", lambda: 0)
         while retry() and time.monotonic() < deadline:

@@ -83,6 +83,8 @@ class WarmPool:
         self._backoff_until = 0.0
         self.last_used = time.monotonic()
         self.stats = PoolStats()
+        #: The last refill failed (no image, engine down): nobody should wait for this pool.
+        self.failing = False
         self._refiller = ThreadPoolExecutor(refill_concurrency, thread_name_prefix="sandloop-refill")
 
     # -- taking -------------------------------------------------------------------------------
@@ -152,6 +154,7 @@ class WarmPool:
             log.warning("warm pool refill failed: %s", exc)
             with self._cond:
                 self.stats.refill_errors += 1
+                self.failing = True
                 self._backoff_until = time.monotonic() + 1.0  # the engine may be restarting
         finally:
             with self._cond:
@@ -160,6 +163,7 @@ class WarmPool:
                     if self._closed:
                         self._destroy(sandbox)
                     else:
+                        self.failing = False
                         self.stats.refills += 1
                         self.stats.refill_seconds.append(time.monotonic() - started)
                         self._ready.append(sandbox)
@@ -172,7 +176,7 @@ class WarmPool:
             self._top_up_locked()
             while len(self._ready) < self.size:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or (self.failing and self._refilling == 0):
                     return False
                 if self._refilling == 0:
                     self._top_up_locked()

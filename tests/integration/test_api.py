@@ -1,0 +1,209 @@
+"""The HTTP API through a real HTTP client against a real uvicorn on loopback."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import uvicorn
+
+from sandloop.server.app import create_app
+from sandloop.server.tokens import TokenStore
+from tests.helpers import our_containers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tokens = TokenStore(tmp_path_factory.mktemp("api") / "tokens.sqlite")
+    port = _free_port()
+    config = uvicorn.Config(create_app(tokens), host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    yield f"http://127.0.0.1:{port}", tokens
+    srv.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def alice(server):
+    url, tokens = server
+    secret, _ = tokens.create("alice", max_concurrent=8, runs_per_minute=1000, max_memory="512m", max_timeout=60)
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def bob(server):
+    url, tokens = server
+    secret, _ = tokens.create("bob")
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=120) as c:
+        yield c
+
+
+def test_health_metrics_and_openapi(server):
+    url, _ = server
+    assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
+    spec = httpx.get(f"{url}/openapi.json").json()
+    assert "/v1/runs" in spec["paths"] and "/v1/sessions/{session_id}/cells" in spec["paths"]
+    assert "sandloop_runs_total" in httpx.get(f"{url}/metrics").text
+
+
+def test_auth_is_required_and_checked(server):
+    url, tokens = server
+    r = httpx.post(f"{url}/v1/runs", json={"code": "print(1)"})
+    assert r.status_code == 401 and r.json()["code"] == "unauthorized" and r.headers["www-authenticate"] == "Bearer"
+    r = httpx.post(f"{url}/v1/runs", json={"code": "print(1)"}, headers={"Authorization": "Bearer sl_wrong"})
+    assert r.status_code == 401
+    secret, token = tokens.create("short-lived")
+    assert tokens.revoke(token.id)
+    r = httpx.post(f"{url}/v1/runs", json={"code": "print(1)"}, headers={"Authorization": f"Bearer {secret}"})
+    assert r.status_code == 401 and "revoked" in r.json()["message"]
+
+
+def test_run_results_and_notes(alice):
+    r = alice.post("/v1/runs", json={"code": "print(6*7)"})
+    assert r.status_code == 200 and r.json()["stdout"] == "42\n" and r.json()["ok"] is True
+    r = alice.post("/v1/runs", json={"code": "x = bytearray(600 << 20)", "limits": {"memory": "128m"}})
+    body = r.json()
+    assert r.status_code == 200 and body["exit_code"] == 137 and body["oom_killed"]
+    assert any("128m memory limit" in n for n in body["notes"])
+    r = alice.post("/v1/runs", json={"code": "console.log(process.version)", "language": "node"})
+    assert r.json()["stdout"].startswith("v")
+
+
+@pytest.mark.parametrize(
+    "body, status, code",
+    [
+        ({"code": "x", "language": "cobol"}, 400, "invalid_argument"),
+        ({"language": "python"}, 400, "invalid_request"),
+        ({"code": "x", "timeout_seconds": -1}, 400, "invalid_request"),
+        ({"code": "x" * 1_000_001}, 413, "too_large"),
+        ({"code": "x", "limits": {"memory": "2g"}}, 403, "over_token_limit"),
+        ({"code": "x", "timeout_seconds": 120}, 403, "over_token_limit"),
+    ],
+)
+def test_error_statuses(alice, body, status, code):
+    r = alice.post("/v1/runs", json=body)
+    assert (r.status_code, r.json()["code"]) == (status, code), r.text
+    assert r.json()["message"]
+
+
+def test_rate_limit_is_a_429_with_retry_after(server):
+    url, tokens = server
+    secret, _ = tokens.create("slow", runs_per_minute=2)
+    h = {"Authorization": f"Bearer {secret}"}
+    codes = [
+        httpx.post(f"{url}/v1/runs", json={"code": "print(1)"}, headers=h, timeout=60).status_code for _ in range(3)
+    ]
+    assert codes == [200, 200, 429]
+    r = httpx.post(f"{url}/v1/runs", json={"code": "print(1)"}, headers=h)
+    assert int(r.headers["retry-after"]) >= 1 and r.json()["code"] == "rate_limited"
+
+
+def test_engine_trouble_is_a_503(alice, monkeypatch):
+    monkeypatch.setenv("SANDLOOP_IMAGE", "sandloop-runtime:not-built")
+    r = alice.post("/v1/runs", json={"code": "print(1)"})
+    assert (
+        r.status_code == 503
+        and r.json()["code"] == "engine_unavailable"
+        and "sandloop images build" in r.json()["message"]
+    )
+
+
+def test_sessions_files_cells_and_token_isolation(alice, bob):
+    r = alice.post("/v1/sessions", json={"ttl_seconds": 300, "quota": "32m"})
+    assert r.status_code == 201
+    sid = r.json()["id"]
+    try:
+        assert alice.put(f"/v1/sessions/{sid}/files/in/data.csv", content=b"v\n1\n2\n").json()["size"] == 6
+        assert [e["name"] for e in alice.get(f"/v1/sessions/{sid}/files", params={"path": "in"}).json()] == ["data.csv"]
+        assert alice.get(f"/v1/sessions/{sid}/files/in/data.csv").content == b"v\n1\n2\n"
+        r = alice.post(f"/v1/sessions/{sid}/runs", json={"code": "cat in/data.csv | wc -l", "language": "bash"})
+        assert r.json()["stdout"].strip() == "3"
+        alice.post(f"/v1/sessions/{sid}/cells", json={"code": "import pandas as pd\ndf = pd.read_csv('in/data.csv')"})
+        r = alice.post(
+            f"/v1/sessions/{sid}/cells",
+            json={"code": "import matplotlib.pyplot as plt\nplt.plot(df.v)\nint(df.v.sum())"},
+        )
+        body = r.json()
+        assert body["value"] == "3" and base64.b64decode(body["artifacts"][0]["data_base64"]).startswith(b"\x89PNG")
+        assert sid in [s["id"] for s in alice.get("/v1/sessions").json()]
+        # bob sees nothing of it, and cannot tell it exists
+        assert sid not in [s["id"] for s in bob.get("/v1/sessions").json()]
+        for method, path, kw in [
+            ("GET", f"/v1/sessions/{sid}", {}),
+            ("POST", f"/v1/sessions/{sid}/runs", {"json": {"code": "print(1)"}}),
+            ("POST", f"/v1/sessions/{sid}/cells", {"json": {"code": "1"}}),
+            ("GET", f"/v1/sessions/{sid}/files/in/data.csv", {}),
+            ("PUT", f"/v1/sessions/{sid}/files/x", {"content": b"x"}),
+            ("DELETE", f"/v1/sessions/{sid}", {}),
+        ]:
+            r = bob.request(method, path, **kw)
+            assert r.status_code == 404 and r.json()["code"] == "not_found", (method, path, r.text)
+        r = alice.get(f"/v1/sessions/{sid}/files/../../etc/passwd")
+        assert r.status_code in (400, 404)
+        r = alice.get(f"/v1/sessions/{sid}/files/nope.txt")
+        assert r.status_code == 404
+        assert alice.delete(f"/v1/sessions/{sid}/files/in/data.csv").status_code == 204
+    finally:
+        assert alice.delete(f"/v1/sessions/{sid}").status_code == 204
+    assert alice.get(f"/v1/sessions/{sid}").status_code == 404
+
+
+def test_load_200_concurrent_clients(server):
+    """Every request answered (a result or a 429), bounded in time, the server responsive, no leaks."""
+    url, tokens = server
+    secret, _ = tokens.create("load", max_concurrent=8, runs_per_minute=10_000)
+    h = {"Authorization": f"Bearer {secret}"}
+    latencies: list[float] = []
+    health: list[int] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            health.append(httpx.get(f"{url}/healthz", timeout=10).status_code)
+            time.sleep(0.2)
+
+    def one(i: int) -> int:
+        t = time.monotonic()
+        r = httpx.post(f"{url}/v1/runs", json={"code": f"print({i})"}, headers=h, timeout=120)
+        latencies.append(time.monotonic() - t)
+        if r.status_code == 200:
+            assert r.json()["stdout"] == f"{i}\n"
+        else:
+            assert r.status_code == 429 and "retry-after" in r.headers
+        return r.status_code
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    started = time.monotonic()
+    with ThreadPoolExecutor(200) as pool:
+        codes = list(pool.map(one, range(200)))
+    elapsed = time.monotonic() - started
+    stop.set()
+    prober.join()
+    assert len(codes) == 200 and set(codes) <= {200, 429} and codes.count(200) >= 8
+    assert elapsed < 120 and health and set(health) == {200}
+    latencies.sort()
+    print(
+        f"\nload: 200 requests in {elapsed:.1f}s, ok {codes.count(200)}, 429 {codes.count(429)}, "
+        f"p50 {statistics.median(latencies) * 1000:.0f} ms, p99 {latencies[197] * 1000:.0f} ms"
+    )
+    assert our_containers() == []
