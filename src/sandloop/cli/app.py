@@ -499,6 +499,31 @@ def serve(
     uvicorn.run(create_app(), host=host, port=port, log_level="info")
 
 
+@app.command()
+def mcp(
+    transport: Annotated[str, typer.Option("--transport", help="stdio, or http (streamable HTTP at /mcp).")] = "stdio",
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8765,
+    runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor).")] = "runc",
+    memory: Annotated[str, typer.Option("--memory")] = "256m",
+) -> None:
+    """Serve sandloop as MCP tools (run code, sessions, files) for MCP clients."""
+    try:
+        from sandloop.server.mcp_server import create_mcp_server
+    except ImportError:
+        raise _fail("the MCP server needs its extra: pip install 'sandloop[mcp]'", 2) from None
+    try:
+        server = create_mcp_server(SandboxLimits(runtime=runtime, memory=memory))
+    except SandboxError as exc:
+        raise _fail(str(exc), 2) from None
+    if transport == "stdio":
+        server.run("stdio")
+    elif transport == "http":
+        server.run("streamable-http", host=host, port=port)
+    else:
+        raise _fail("--transport must be stdio or http", 2)
+
+
 @tokens_app.command("create")
 def tokens_create(
     name: Annotated[str, typer.Argument(help="A name to recognise the token by.")],
