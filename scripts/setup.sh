@@ -9,6 +9,17 @@ VENV="${SANDLOOP_VENV:-.venv}"
 
 bash scripts/engine-up.sh
 
+# Debian's Chromium for the playground's browser tests (Playwright drives it; nothing is downloaded).
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing Debian's chromium for the browser tests" >&2
+        apt-get update -q >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
+    else
+        echo "setup: chromium not found; the playground's browser tests will fail (apt-get install chromium)" >&2
+    fi
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
     echo "setup: creating $VENV" >&2
     "$PYTHON" -m venv "$VENV"

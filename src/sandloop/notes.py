@@ -77,7 +77,8 @@ def sandbox_notes(result: ExecutionResult) -> list[str]:
         notes.append(
             f"no space left: /tmp holds at most {limits.tmpfs_size}. Write less, or delete temporary files as you go."
         )
-    if result.ok and not result.stdout and not result.stderr:
+    shown = getattr(result, "value", None) is not None or getattr(result, "artifacts", None)
+    if result.ok and not result.stdout and not result.stderr and not shown:
         notes.append(
             "the program ran and printed nothing. If you expected a value, print it (print() in "
             "Python, console.log() in Node, echo in bash): a last expression is not shown."

@@ -205,6 +205,17 @@ def create_app(tokens: TokenStore | None = None) -> FastAPI:
         return Session.attach(session_id)
 
     # -- endpoints ------------------------------------------------------------------------------
+    from importlib import resources
+
+    from fastapi.responses import HTMLResponse
+
+    page = resources.files("sandloop.server").joinpath("static/index.html").read_text()
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def playground() -> str:
+        """The web playground: plain HTML and JavaScript over this same API."""
+        return page
+
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
         try:

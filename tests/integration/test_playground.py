@@ -1,0 +1,74 @@
+"""The web playground in headless Chromium (Debian's, driven by Playwright): run code, see the
+output, open a session, see a chart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.integration.test_api import server  # noqa: F401 - the real uvicorn fixture
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def page(server, tmp_path):  # noqa: F811
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("Debian's chromium is not installed (scripts/setup.sh installs it)")
+    url, tokens = server
+    secret, _ = tokens.create("browser")
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        pg = ctx.new_page()
+        pg.goto(url + "/")
+        pg.fill("#token", secret)
+        pg.dispatch_event("#token", "change")
+        yield pg
+        browser.close()
+
+
+def test_run_code_and_see_the_output(page):
+    page.select_option("#language", "python")
+    page.fill("#code", "import sys\nprint('hello from the browser')\nprint('to stderr', file=sys.stderr)")
+    page.click("#run")
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('exit')", timeout=60_000)
+    assert page.inner_text("#stdout") == "hello from the browser\n"
+    assert "to stderr" in page.inner_text("#stderr")
+    assert page.inner_text("#status") == "exit 0"
+    page.fill("#code", "x = bytearray(900 * 1024 * 1024)")
+    page.click("#run")
+    page.wait_for_function("document.getElementById('status').textContent === 'exit 137'", timeout=60_000)
+    assert "memory limit" in page.inner_text("#notes")
+
+
+def test_session_cell_shows_a_chart_and_files(page, tmp_path):
+    page.click("#new-session")
+    page.wait_for_function("document.getElementById('session-id').textContent.startsWith('s-')", timeout=60_000)
+    page.fill(
+        "#cell",
+        "import matplotlib.pyplot as plt\nplt.bar(['a', 'b', 'c'], [3, 1, 2])\nopen('out.txt', 'w').write('x')\n6 * 7",
+    )
+    page.click("#run-cell")
+    page.wait_for_selector("#charts img", timeout=60_000)
+    assert page.inner_text("#cell-value") == "42"
+    natural = page.eval_on_selector("#charts img", "img => img.naturalWidth")
+    assert natural > 100  # a real decoded PNG
+    page.wait_for_function("document.querySelector('#files').innerText.includes('out.txt')", timeout=30_000)
+    page.screenshot(path=str(tmp_path / "playground.png"), full_page=True)
+    if os.environ.get("SANDLOOP_SCREENSHOT"):
+        shutil.copy(tmp_path / "playground.png", os.environ["SANDLOOP_SCREENSHOT"])
+    page.click("#delete-session")
+    page.wait_for_function("document.getElementById('session-id').textContent === 'none'", timeout=60_000)
