@@ -207,3 +207,30 @@ def test_load_200_concurrent_clients(server):
         f"p50 {statistics.median(latencies) * 1000:.0f} ms, p99 {latencies[197] * 1000:.0f} ms"
     )
     assert our_containers() == []
+
+
+def test_agent_run_streams_its_transcript_as_sse(alice):
+    import json as _json
+
+    from sandloop.testing.wire import FakeProviderServer, openai_completion
+
+    first = openai_completion(tool_calls=[("call_1", "execute_code", _json.dumps({"code": "print(2 ** 10)"}))])
+
+    def conclude(req):
+        return openai_completion("2**10 is " + req.body["messages"][-1]["content"].split("stdout:\n")[1].split()[0])
+
+    with FakeProviderServer([first, conclude]) as provider:
+        body = {"task": "compute 2**10", "provider": "openai", "model": "m", "base_url": provider.url + "/v1"}
+        events = []
+        with alice.stream("POST", "/v1/agent/runs", json=body) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            kind = None
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: "):
+                    events.append((kind, _json.loads(line[6:])))
+    kinds = [k for k, _ in events]
+    assert kinds == ["assistant", "tool_call", "tool_result", "assistant", "done"], kinds
+    assert events[2][1]["call_id"] == "call_1" and "1024" in events[2][1]["content"]
+    assert events[-1][1]["answer"] == "2**10 is 1024" and events[-1][1]["stop_reason"] == "answered"

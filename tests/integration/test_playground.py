@@ -72,3 +72,21 @@ def test_session_cell_shows_a_chart_and_files(page, tmp_path):
         shutil.copy(tmp_path / "playground.png", os.environ["SANDLOOP_SCREENSHOT"])
     page.click("#delete-session")
     page.wait_for_function("document.getElementById('session-id').textContent === 'none'", timeout=60_000)
+
+
+def test_watch_an_agent_run_stream_in(page):
+    import json
+
+    from sandloop.testing.wire import FakeProviderServer, openai_completion
+
+    first = openai_completion(
+        "Let me compute.", [("call_7", "execute_code", json.dumps({"code": "print(sum(range(101)))"}))]
+    )
+    with FakeProviderServer([first, openai_completion("The sum is 5050.")]) as provider:
+        page.fill("#base-url", provider.url + "/v1")
+        page.fill("#task", "sum 0..100")
+        page.click("#run-agent")
+        page.wait_for_selector("#agent-log .ev.done", timeout=60_000)
+    log = page.inner_text("#agent-log")
+    assert "Let me compute." in log and "print(sum(range(101)))" in log and "5050" in log
+    assert "answer (answered, 2 turns): The sum is 5050." in log

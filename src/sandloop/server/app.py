@@ -11,7 +11,7 @@ import time
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -67,6 +67,17 @@ class CellIn(BaseModel):
 class SessionIn(BaseModel):
     ttl_seconds: float = Field(3600, ge=10, le=7 * 86400)
     quota: str = "256m"
+    limits: LimitsIn = Field(default_factory=LimitsIn)
+
+
+class AgentRunIn(BaseModel):
+    task: str = Field(min_length=1, max_length=100_000)
+    provider: Literal["anthropic", "openai"] = "anthropic"
+    model: str = Field("claude-sonnet-4-5", min_length=1, max_length=200)
+    #: An OpenAI-compatible or Anthropic-format endpoint; the API key comes from the server's env.
+    base_url: str | None = Field(None, max_length=2000)
+    max_iterations: int = Field(10, ge=1, le=50)
+    timeout_seconds: float = Field(30, gt=0, le=300)
     limits: LimitsIn = Field(default_factory=LimitsIn)
 
 
@@ -251,6 +262,68 @@ def create_app(tokens: TokenStore | None = None) -> FastAPI:
             rates.leave(token)
         metrics.run("timeout" if result.timed_out else "ok" if result.ok else "error", result.duration_seconds)
         return result_json(result)
+
+    @app.post("/v1/agent/runs", response_class=StreamingResponse)
+    async def agent_run(body: AgentRunIn, token: Auth) -> StreamingResponse:
+        """Run the agent loop; its transcript streams as server-sent events (assistant,
+        tool_call, tool_result, then done with the answer, or error)."""
+        import asyncio
+        import dataclasses
+        import json
+
+        from sandloop.agent import run_agent
+        from sandloop.agent.providers import make_client
+        from sandloop.agent.types import ProviderError
+
+        limits = limits_for(token, body.limits, body.timeout_seconds)
+        try:
+            client = make_client(body.provider, body.model, base_url=body.base_url)
+        except ProviderError as exc:
+            raise ApiError(400, "provider_config", str(exc)) from None
+        rates.enter(token)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
+
+        def emit(kind: str, data: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, data))
+
+        def work() -> None:
+            try:
+                result = run_agent(
+                    body.task,
+                    client,
+                    body.max_iterations,
+                    limits=limits,
+                    timeout_seconds=body.timeout_seconds,
+                    on_event=lambda e: emit(e.kind, dataclasses.asdict(e.turn)),
+                )
+                emit(
+                    "done",
+                    {
+                        "answer": result.answer,
+                        "stop_reason": result.stop_reason,
+                        "turns": result.turns,
+                        "usage": None if result.usage is None else dataclasses.asdict(result.usage),
+                    },
+                )
+            except ProviderError as exc:
+                emit("error", {"code": "provider_error", "message": str(exc)})
+            except Exception as exc:  # noqa: BLE001 - reported to the client, not raised into the server
+                emit("error", {"code": "internal", "message": f"{type(exc).__name__}: {exc}"})
+            finally:
+                rates.leave(token)
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        async def stream():
+            worker = asyncio.ensure_future(run_in_threadpool(work))
+            try:
+                while (item := await queue.get()) is not None:
+                    kind, data = item
+                    yield f"event: {kind}\ndata: {json.dumps(data, default=str)}\n\n"
+            finally:
+                await worker
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.post("/v1/sessions", status_code=201)
     def create_session(body: SessionIn, token: Auth) -> dict[str, Any]:
