@@ -45,7 +45,7 @@ class ApiError(Exception):
 class LimitsIn(BaseModel):
     """The limits a caller may ask for (within its token's ceilings). No network over the API."""
 
-    memory: str = "256m"
+    memory: str = Field("256m", pattern=r"^\s*\d+\s*[bkmgBKMG]?[bB]?\s*$", max_length=20)
     cpus: float = Field(0.5, gt=0, le=2)
     pids: int = Field(64, ge=8, le=1024)
     runtime: Literal["runc", "runsc"] = "runc"
@@ -66,7 +66,7 @@ class CellIn(BaseModel):
 
 class SessionIn(BaseModel):
     ttl_seconds: float = Field(3600, ge=10, le=7 * 86400)
-    quota: str = "256m"
+    quota: str = Field("256m", pattern=r"^\s*\d+\s*[bkmgBKMG]?[bB]?\s*$", max_length=20)
     limits: LimitsIn = Field(default_factory=LimitsIn)
 
 
@@ -194,7 +194,11 @@ def create_app(tokens: TokenStore | None = None) -> FastAPI:
     Auth = Annotated[Token, Depends(auth)]
 
     def limits_for(token: Token, wanted: LimitsIn, timeout: float) -> SandboxLimits:
-        if parse_size(wanted.memory) > parse_size(token.max_memory):
+        try:
+            memory = parse_size(wanted.memory)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_argument", str(exc)) from None
+        if memory > parse_size(token.max_memory):
             raise ApiError(403, "over_token_limit", f"this token may ask for at most {token.max_memory} of memory")
         if timeout > token.max_timeout:
             raise ApiError(403, "over_token_limit", f"this token may ask for at most {token.max_timeout:g} s")
