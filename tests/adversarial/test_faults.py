@@ -50,6 +50,7 @@ def test_engine_stopped_mid_run_then_recovery():
     worker.join(120)
     assert not worker.is_alive(), "the run hung after the engine stopped"
     (result,) = outcome
+    print(f"\nengine stopped mid-run -> {type(result).__name__}: {result}")
     # Either the engine error surfaced, or the run ended as a kill (the engine stopped the
     # container, SIGTERM through tini): never a hang and never a fake success.
     assert isinstance(result, EngineUnavailable) or (isinstance(result, ExecutionResult) and not result.ok), result
