@@ -65,6 +65,31 @@ def _require(args: Mapping[str, Any], key: str, kind: type | tuple[type, ...], w
     return value
 
 
+def _code_parameters(default_timeout: float) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "description": "The complete program to run."},
+            "language": {"type": "string", "enum": languages.names(), "description": "Default: python."},
+            "timeout_seconds": {
+                "type": "number",
+                "description": f"Wall-clock limit, default {default_timeout:g}, at most {MAX_TOOL_TIMEOUT:g}.",
+            },
+        },
+        "required": ["code"],
+    }
+
+
+def _code_arguments(args: Mapping[str, Any], default_timeout: float) -> tuple[str, str, float]:
+    """(code, language, timeout) from an execute_code call, or ToolArgumentError."""
+    code = _require(args, "code", str, "a string with the program")
+    language = _require(args, "language", str, "a string", required=False) or "python"
+    timeout = _require(args, "timeout_seconds", (int, float), "a number", required=False) or default_timeout
+    if not 0 < float(timeout) <= MAX_TOOL_TIMEOUT:
+        raise ToolArgumentError(f"timeout_seconds must be > 0 and <= {MAX_TOOL_TIMEOUT:g}, got {timeout}")
+    return code, language, float(timeout)
+
+
 def execute_code_tool(
     *,
     limits: SandboxLimits | None = None,
@@ -82,29 +107,14 @@ def execute_code_tool(
             f"/tmp ({lim.tmpfs_size}) is writable and nothing persists between calls. Print what you "
             "want to see: only stdout and stderr come back."
         ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "code": {"type": "string", "description": "The complete program to run."},
-                "language": {"type": "string", "enum": languages.names(), "description": "Default: python."},
-                "timeout_seconds": {
-                    "type": "number",
-                    "description": f"Wall-clock limit, default {default_timeout:g}, at most {MAX_TOOL_TIMEOUT:g}.",
-                },
-            },
-            "required": ["code"],
-        },
+        parameters=_code_parameters(default_timeout),
     )
 
     def run(args: dict[str, Any]) -> tuple[str, bool]:
         from sandloop.runner import run_code
 
-        code = _require(args, "code", str, "a string with the program")
-        language = _require(args, "language", str, "a string", required=False) or "python"
-        timeout = _require(args, "timeout_seconds", (int, float), "a number", required=False) or default_timeout
-        if not 0 < float(timeout) <= MAX_TOOL_TIMEOUT:
-            raise ToolArgumentError(f"timeout_seconds must be > 0 and <= {MAX_TOOL_TIMEOUT:g}, got {timeout}")
-        result = (runner or run_code)(code, language, float(timeout), limits=lim)
+        code, language, timeout = _code_arguments(args, default_timeout)
+        result = (runner or run_code)(code, language, timeout, limits=lim)
         return format_execution(result), not result.ok
 
     return Tool(spec, run)
@@ -167,24 +177,12 @@ def session_tools(session: Any, *, default_timeout: float = 30.0) -> list[Tool]:
             f"numpy, pandas and matplotlib (charts saved with plt.savefig land in /workspace). No "
             f"network, memory {lim.memory}, at most {lim.pids} processes."
         ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "code": {"type": "string", "description": "The complete program to run."},
-                "language": {"type": "string", "enum": languages.names(), "description": "Default: python."},
-                "timeout_seconds": {"type": "number", "description": f"Default {default_timeout:g}."},
-            },
-            "required": ["code"],
-        },
+        parameters=_code_parameters(default_timeout),
     )
 
     def run(args: dict[str, Any]) -> tuple[str, bool]:
-        code = _require(args, "code", str, "a string with the program")
-        language = _require(args, "language", str, "a string", required=False) or "python"
-        timeout = _require(args, "timeout_seconds", (int, float), "a number", required=False) or default_timeout
-        if not 0 < float(timeout) <= MAX_TOOL_TIMEOUT:
-            raise ToolArgumentError(f"timeout_seconds must be > 0 and <= {MAX_TOOL_TIMEOUT:g}, got {timeout}")
-        result = session.run(code, language, float(timeout))
+        code, language, timeout = _code_arguments(args, default_timeout)
+        result = session.run(code, language, timeout)
         return format_execution(result), not result.ok
 
     def write(args: dict[str, Any]) -> tuple[str, bool]:

@@ -368,13 +368,17 @@ def create_app(tokens: TokenStore | None = None) -> FastAPI:
     @app.post("/v1/sessions/{session_id}/runs")
     async def session_run(session_id: str, body: RunIn, token: Auth) -> dict[str, Any]:
         limits_for(token, body.limits, body.timeout_seconds)
+        return await in_session(
+            token, session_id, lambda s: s.run(body.code, body.language, body.timeout_seconds, stdin=body.stdin)
+        )
+
+    async def in_session(token: Token, session_id: str, call: Any) -> dict[str, Any]:
+        """Run ``call(session)`` counted against the token's rate, off the event loop."""
         rates.enter(token)
         try:
             s = await run_in_threadpool(owned, token, session_id)
             try:
-                result = await run_in_threadpool(
-                    s.run, body.code, body.language, body.timeout_seconds, stdin=body.stdin
-                )
+                result = await run_in_threadpool(call, s)
             finally:
                 s.close()
         finally:
@@ -386,17 +390,7 @@ def create_app(tokens: TokenStore | None = None) -> FastAPI:
     async def session_cell(session_id: str, body: CellIn, token: Auth) -> dict[str, Any]:
         if body.timeout_seconds > token.max_timeout:
             raise ApiError(403, "over_token_limit", f"this token may ask for at most {token.max_timeout:g} s")
-        rates.enter(token)
-        try:
-            s = await run_in_threadpool(owned, token, session_id)
-            try:
-                result = await run_in_threadpool(s.run_cell, body.code, body.timeout_seconds)
-            finally:
-                s.close()
-        finally:
-            rates.leave(token)
-        metrics.run("timeout" if result.timed_out else "ok" if result.ok else "error", result.duration_seconds)
-        return result_json(result)
+        return await in_session(token, session_id, lambda s: s.run_cell(body.code, body.timeout_seconds))
 
     @app.get("/v1/sessions/{session_id}/files")
     def list_files(session_id: str, token: Auth, path: str = ".") -> list[dict[str, Any]]:
