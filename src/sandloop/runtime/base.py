@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from sandloop.contract import ExecutionResult, SandboxLimits
 from sandloop.languages import Language
@@ -67,8 +67,20 @@ class RunRequest:
 
 
 class Backend(Protocol):
-    """Where code runs. One module per backend; the Docker engine is the first."""
+    """Where code runs. One module per backend; the Docker engine is the first.
+
+    ``run`` is the cold path (launch, execute, destroy). The warm pool splits it: ``launch`` ahead
+    of time, ``execute`` once per sandbox, ``destroy`` off the critical path.
+    """
 
     def run(self, request: RunRequest) -> ExecutionResult: ...
+
+    def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> Any: ...
+
+    def execute(self, sandbox: Any, request: RunRequest, *, started: float | None = None) -> ExecutionResult: ...
+
+    def is_alive(self, sandbox: Any) -> bool: ...
+
+    def destroy(self, sandbox: Any) -> None: ...
 
     def close(self) -> None: ...

@@ -38,7 +38,6 @@ from sandloop.contract import (
     InvalidLimits,
     RuntimeUnavailable,
     SandboxError,
-    SandboxLimits,
 )
 from sandloop.runtime.base import EXIT_MARKER, RunRequest, SandboxSpec
 from sandloop.runtime.labels import LABEL_PREFIX, owner_alive, owner_id, owner_labels  # noqa: F401
@@ -563,13 +562,6 @@ class DockerBackend:
             self._remove(container_id)
         with _graveyard_lock:
             return len(_graveyard)
-
-
-def limits_summary(limits: SandboxLimits) -> str:
-    return (
-        f"memory={limits.memory} cpus={limits.cpus} pids={limits.pids} network={limits.network} "
-        f"runtime={limits.runtime}"
-    )
 
 
 class DockerImages:

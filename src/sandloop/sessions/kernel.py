@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sandloop.contract import Artifact, CellResult, SandboxLimits
 from sandloop.runtime.base import EXIT_MARKER, SandboxSpec
-from sandloop.runtime.docker_engine import DockerBackend, LiveSandbox, _CappedStream, _Demuxer
+from sandloop.runtime.docker_engine import DockerBackend, LiveSandbox, _CappedStream, _close_quietly, _Demuxer
 
 INTERRUPT_GRACE_SECONDS = 3.0
 MAX_RESULT_BYTES = 32 * 1024 * 1024
@@ -71,8 +71,6 @@ class Kernel:
             if remove:
                 self.backend.destroy(self._sandbox)
             else:
-                from sandloop.runtime.docker_engine import _close_quietly
-
                 _close_quietly(self._sandbox.attached)
         self._sandbox = None
         self._demux = None

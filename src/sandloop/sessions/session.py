@@ -21,6 +21,7 @@ import json
 import math
 import os
 import tarfile
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -179,8 +180,6 @@ class Session:
     ) -> ExecutionResult:
         """Run code in a fresh process with the workspace as its working directory."""
         self._live()
-        from dataclasses import replace
-
         from sandloop.runner import build_request
 
         request = build_request(code, language, timeout_seconds, limits=limits or self.limits, stdin=stdin)
@@ -200,8 +199,6 @@ class Session:
     # -- files ----------------------------------------------------------------------------------
     def _files(self, op: str, args: dict[str, Any], data: bytes = b"", output: int = 1024 * 1024) -> dict[str, Any]:
         self._live()
-        from dataclasses import replace
-
         from sandloop.runner import build_request
 
         header = json.dumps({"op": op, **args}).encode() + b"\n"
