@@ -152,6 +152,15 @@ def doctor(
             table.add_row(
                 f"runtime {rt}", "[yellow]missing[/]", "run scripts/engine-up.sh as root to register gVisor (runsc)"
             )
+    import os
+    import shutil
+
+    if os.geteuid() == 0 and shutil.which("mkfs.ext4") and shutil.which("mount"):
+        table.add_row("session quotas", "[green]ok[/]", "root with mkfs.ext4: workspaces are quota'd ext4 images")
+    else:
+        table.add_row(
+            "session quotas", "[yellow]off[/]", "needs root and mkfs.ext4 (e2fsprogs): workspaces get no quota"
+        )
     image = runtime_image()
     have_image = backend.image_exists(image)
     if have_image:
@@ -310,7 +319,11 @@ def reap(
 
 
 def _session(session_id: str):
+    from sandloop.runner import configure
     from sandloop.sessions import Session
+    from sandloop.settings import Settings
+
+    configure(Settings(pool_size=0))  # one call per process: a warm pool would only cost containers
 
     try:
         return Session.attach(session_id)
