@@ -43,3 +43,12 @@ def test_pids_network_readonly_notes():
     assert any("this sandbox has no network" in n for n in notes)
     notes = sandbox_notes(_r(exit_code=1, stderr="OSError: [Errno 30] Read-only file system: '/etc/x'"))
     assert any("Write files under /tmp" in n for n in notes)
+
+
+def test_a_cell_that_shows_a_value_or_chart_is_not_silent():
+    from sandloop.contract import Artifact, CellResult
+
+    assert sandbox_notes(CellResult(exit_code=0, duration_seconds=0.1, value="42")) == []
+    art = Artifact(name="figure-1.png", mime_type="image/png", data=b"\x89PNG")
+    assert sandbox_notes(CellResult(exit_code=0, duration_seconds=0.1, artifacts=[art])) == []
+    assert "printed nothing" in sandbox_notes(CellResult(exit_code=0, duration_seconds=0.1))[0]
