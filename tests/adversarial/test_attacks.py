@@ -259,3 +259,12 @@ def test_icmp_and_node_http_cannot_leave(lim):
 def test_binary_garbage_output(lim):
     r = _run("import os, sys\nos.write(1, bytes(range(256)) * 4)\nos.write(2, b'\\xc3\\x28\\x00')", lim)
     assert r.ok and len(r.stdout) > 0 and "\ufffd" in r.stderr
+
+
+def test_endless_flood_times_out_promptly(lim):
+    """Found by hand: with the stream left unread, the engine's kill waited on its stream copier
+    and the run ended in a 30 s engine timeout instead of a timed-out result."""
+    for _ in range(3):
+        r = run_code('while True:\n    print("x" * 1000)', limits=lim, timeout_seconds=2)
+        assert r.timed_out and r.exit_code == -1 and r.stdout_truncated
+        assert r.duration_seconds < 12, r.duration_seconds

@@ -378,6 +378,10 @@ class DockerBackend:
             elif finished:
                 exit_code, oom_killed = self._exit_status(sandbox.id, demux.exit_status)
             else:
+                # Stop reading first: a program still flooding its output keeps the engine
+                # blocked writing to this stream, and the engine finishes a kill only after its
+                # stream copiers do (seen: kill hung for the whole 30 s call timeout).
+                _close_quietly(sandbox.attached)
                 with contextlib.suppress(docker.errors.APIError):
                     self.api.kill(sandbox.id)
                 exit_code, oom_killed = -1, False
