@@ -103,20 +103,8 @@ def run(
         if as_json:
             print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
         raise _fail(str(exc)) from None
-    if as_json:
-        print(result.model_dump_json(indent=2))
-    else:
-        sys.stdout.write(result.stdout)
-        sys.stdout.flush()
-        sys.stderr.write(result.stderr)
-        sys.stderr.flush()
-        for note in sandbox_notes(result):
-            if result.ok and note.startswith("the program ran and printed nothing"):
-                continue
-            err.print(f"[yellow]sandloop:[/] {note}", soft_wrap=True)
-    if result.timed_out:
-        raise typer.Exit(EXIT_TIMEOUT)
-    raise typer.Exit(result.exit_code if 0 <= result.exit_code <= 255 else 1)
+    _print_result(result, as_json)
+    raise _exit_for(result)
 
 
 @app.command()
@@ -318,6 +306,13 @@ def reap(
     out.print(f"{verb} {len(found)} item(s)")
 
 
+def _exit_for(result) -> typer.Exit:
+    """The program's exit code; 124 when the sandbox killed it for time."""
+    if result.timed_out:
+        return typer.Exit(EXIT_TIMEOUT)
+    return typer.Exit(result.exit_code if 0 <= result.exit_code <= 255 else 1)
+
+
 def _session(session_id: str):
     from sandloop.runner import configure
     from sandloop.sessions import Session
@@ -332,11 +327,14 @@ def _session(session_id: str):
 
 
 def _print_result(result, as_json: bool) -> None:
+    """The program's streams to ours (or the whole result as JSON); the sandbox's notes on stderr."""
     if as_json:
         print(result.model_dump_json(indent=2, exclude={"artifacts"}))
         return
     sys.stdout.write(result.stdout)
+    sys.stdout.flush()
     sys.stderr.write(result.stderr)
+    sys.stderr.flush()
     for note in sandbox_notes(result):
         if not note.startswith("the program ran and printed nothing"):
             err.print(f"[yellow]sandloop:[/] {note}", soft_wrap=True)
@@ -401,7 +399,7 @@ def session_run(
     finally:
         s.close()
     _print_result(result, as_json)
-    raise typer.Exit(EXIT_TIMEOUT if result.timed_out else (result.exit_code if 0 <= result.exit_code <= 255 else 1))
+    raise _exit_for(result)
 
 
 @session_app.command("cell")
@@ -431,7 +429,7 @@ def session_cell(
         err.print(f"saved {art.name} ({art.mime_type}, {len(art.data)} bytes) to {target}")
     if result.interpreter_restarted:
         err.print("[yellow]sandloop:[/] the interpreter had to be restarted: its variables are gone")
-    raise typer.Exit(EXIT_TIMEOUT if result.timed_out else (result.exit_code if 0 <= result.exit_code <= 255 else 1))
+    raise _exit_for(result)
 
 
 @session_app.command("cp")

@@ -13,10 +13,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from sandloop.agent.providers.sdk_errors import provider_errors
 from sandloop.agent.types import (
     AssistantTurn,
     ProviderConfigError,
-    ProviderError,
     ToolCall,
     ToolResult,
     ToolSpec,
@@ -124,12 +124,6 @@ class AnthropicClient:
             kwargs["tools"] = tools_to_wire(tools)
         if self.system:
             kwargs["system"] = self.system
-        try:
+        with provider_errors(self._anthropic, self._anthropic.AnthropicError, "Anthropic", "the Anthropic API"):
             message = self._client.messages.create(**kwargs)
-        except self._anthropic.APIStatusError as exc:
-            raise ProviderError(f"Anthropic API error {exc.status_code}: {exc.message}") from exc
-        except self._anthropic.APIConnectionError as exc:
-            raise ProviderError(f"cannot reach the Anthropic API: {exc}") from exc
-        except self._anthropic.AnthropicError as exc:
-            raise ProviderError(f"Anthropic SDK error: {exc}") from exc
         return from_wire(message)

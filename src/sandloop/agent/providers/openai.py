@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sandloop.agent.providers.anthropic import DEFAULT_SYSTEM
+from sandloop.agent.providers.sdk_errors import provider_errors
 from sandloop.agent.types import (
     AssistantTurn,
     ProviderConfigError,
@@ -131,12 +132,6 @@ class OpenAIClient:
         kwargs: dict[str, Any] = {"model": self.model, "messages": to_wire(transcript, self.system)}
         if tools:
             kwargs["tools"] = tools_to_wire(tools)
-        try:
+        with provider_errors(self._openai, self._openai.OpenAIError, "OpenAI", "the OpenAI-compatible server"):
             completion = self._client.chat.completions.create(**kwargs)
-        except self._openai.APIStatusError as exc:
-            raise ProviderError(f"OpenAI API error {exc.status_code}: {exc.message}") from exc
-        except self._openai.APIConnectionError as exc:
-            raise ProviderError(f"cannot reach the OpenAI-compatible server: {exc}") from exc
-        except self._openai.OpenAIError as exc:
-            raise ProviderError(f"OpenAI SDK error: {exc}") from exc
         return from_wire(completion)
