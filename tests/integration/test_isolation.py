@@ -6,12 +6,13 @@ gVisor exposes no cgroup files inside the sandbox, so there the limits are prove
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 
 import pytest
 
 from sandloop import SandboxLimits, run_code
-from tests.helpers import ONLY_LOOPBACK_GUARD
+from tests.helpers import ONLY_LOOPBACK_GUARD, busiest_container_cpu_share
 
 
 def _run(code: str, limits: SandboxLimits, **kw):
@@ -90,16 +91,22 @@ def test_oom_kill_at_the_memory_ceiling(limits):
 
 
 def test_cpu_share_is_capped(limits, runtime):
+    # Measured from the host: the container's cgroup CPU time over 2 s of the host's clock (exact
+    # on both runtimes; 0.50 here). Inside gVisor the sandbox's own clock is not a measure: it read
+    # 0.84-0.91 of a CPU while the cgroup on the host read 0.50, so it is only checked under runc.
     code = (
         "import time\nt0, c0 = time.monotonic(), time.process_time()\n"
-        "while time.monotonic() - t0 < 2: pass\n"
+        "while time.monotonic() - t0 < 6: pass\n"
         "print((time.process_time() - c0) / (time.monotonic() - t0))"
     )
-    share = float(_run(code, limits).stdout)
-    # gVisor's own CPU accounting reads higher than the host's quota allows (0.49-0.56 under runc,
-    # 0.50-0.71 under runsc on this machine, same 50 ms / 100 ms quota): measured, not assumed.
-    ceiling = 0.7 if runtime == "runc" else 0.8
-    assert share < ceiling, f"used {share:.2f} of a CPU with cpus=0.5"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(_run, code, limits, timeout_seconds=60)
+        host_share = busiest_container_cpu_share(window=2.0)
+        inside_share = float(running.result().stdout)
+    print(f"cpu share on {runtime}: host cgroup {host_share:.2f}, inside {inside_share:.2f}")
+    assert host_share < 0.6, f"the host's cgroup shows {host_share:.2f} of a CPU with cpus=0.5"
+    if runtime == "runc":
+        assert inside_share < 0.6, f"used {inside_share:.2f} of a CPU with cpus=0.5 (read inside)"
 
 
 def test_process_ceiling_stops_a_fork_loop(limits):
