@@ -14,8 +14,10 @@ import pytest
 import uvicorn
 
 from sandloop.server.app import create_app
+from sandloop.server.providers import ProviderEndpoints
 from sandloop.server.tokens import TokenStore
 from tests.helpers import our_containers
+from tests.servers import serve_in_thread
 
 
 def _free_port() -> int:
@@ -57,12 +59,12 @@ def bob(server):
         yield c
 
 
-def test_health_metrics_and_openapi(server):
+def test_health_metrics_and_openapi(server, alice):
     url, _ = server
     assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
     spec = httpx.get(f"{url}/openapi.json").json()
     assert "/v1/runs" in spec["paths"] and "/v1/sessions/{session_id}/cells" in spec["paths"]
-    assert "sandloop_runs_total" in httpx.get(f"{url}/metrics").text
+    assert "sandloop_runs_total" in alice.get("/metrics").text
 
 
 def test_auth_is_required_and_checked(server):
@@ -91,7 +93,7 @@ def test_run_results_and_notes(alice):
 @pytest.mark.parametrize(
     "body, status, code",
     [
-        ({"code": "x", "language": "cobol"}, 400, "invalid_argument"),
+        ({"code": "x", "language": "cobol"}, 400, "unknown_language"),
         ({"language": "python"}, 400, "invalid_request"),
         ({"code": "x", "timeout_seconds": -1}, 400, "invalid_request"),
         ({"code": "x" * 1_000_001}, 413, "too_large"),
@@ -209,7 +211,7 @@ def test_load_200_concurrent_clients(server):
     assert our_containers() == []
 
 
-def test_agent_run_streams_its_transcript_as_sse(alice):
+def test_agent_run_streams_its_transcript_as_sse(server, alice):
     import json as _json
 
     from sandloop.testing.wire import FakeProviderServer, openai_completion
@@ -220,9 +222,14 @@ def test_agent_run_streams_its_transcript_as_sse(alice):
         return openai_completion("2**10 is " + req.body["messages"][-1]["content"].split("stdout:\n")[1].split()[0])
 
     with FakeProviderServer([first, conclude]) as provider:
+        endpoints = ProviderEndpoints([f"openai={provider.url}/v1"])
         body = {"task": "compute 2**10", "provider": "openai", "model": "m", "base_url": provider.url + "/v1"}
         events = []
-        with alice.stream("POST", "/v1/agent/runs", json=body) as r:
+        with (
+            serve_in_thread(create_app(server[1], providers=endpoints)) as url,
+            httpx.Client(base_url=url, headers=alice.headers, timeout=120) as client,
+            client.stream("POST", "/v1/agent/runs", json=body) as r,
+        ):
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
             kind = None
             for line in r.iter_lines():
@@ -234,3 +241,85 @@ def test_agent_run_streams_its_transcript_as_sse(alice):
     assert kinds == ["assistant", "tool_call", "tool_result", "assistant", "done"], kinds
     assert events[2][1]["call_id"] == "call_1" and "1024" in events[2][1]["content"]
     assert events[-1][1]["answer"] == "2**10 is 1024" and events[-1][1]["stop_reason"] == "answered"
+
+
+def test_every_sandbox_operation_counts_against_the_token(server):
+    """Before: only runs and cells counted; a 3-a-minute token did 20 file operations in 7 s."""
+    url, tokens = server
+    secret, _ = tokens.create("metered", runs_per_minute=4, max_sessions=5)
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=120) as c:
+        r = c.post("/v1/sessions", json={"ttl_seconds": 300, "quota": "16m"})  # 1
+        assert r.status_code == 201
+        sid = r.json()["id"]
+        try:
+            codes = [c.put(f"/v1/sessions/{sid}/files/a.txt", content=b"a").status_code]  # 2
+            codes.append(c.get(f"/v1/sessions/{sid}/files").status_code)  # 3
+            codes.append(c.get(f"/v1/sessions/{sid}/files/a.txt").status_code)  # 4
+            limited = c.delete(f"/v1/sessions/{sid}/files/a.txt")
+            assert codes == [200, 200, 200] and limited.status_code == 429, (codes, limited.text)
+            assert limited.json()["code"] == "rate_limited" and int(limited.headers["retry-after"]) >= 1
+            assert c.post("/v1/sessions", json={"quota": "16m"}).status_code == 429
+        finally:
+            tokens_store_owner = tokens.owner_of(sid)
+            assert tokens_store_owner is not None
+    # the window is per token: a fresh token cleans up
+    cleaner, _ = tokens.create("cleaner")
+    tokens.own(sid, tokens.verify(cleaner).id)
+    assert httpx.delete(f"{url}/v1/sessions/{sid}", headers={"Authorization": f"Bearer {cleaner}"}).status_code == 204
+
+
+def test_session_count_and_workspace_ceilings(server):
+    """Before: a token created 5 sessions of quota 64g each."""
+    url, tokens = server
+    secret, _ = tokens.create("ceilings", max_sessions=2, max_workspace="48m")
+    made = []
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=120) as c:
+        try:
+            r = c.post("/v1/sessions", json={"quota": "64g"})
+            assert r.status_code == 403 and r.json()["code"] == "over_token_limit" and "48m" in r.json()["message"]
+            for quota in ("16m", "16m"):
+                r = c.post("/v1/sessions", json={"quota": quota})
+                assert r.status_code == 201, r.text
+                made.append(r.json()["id"])
+            r = c.post("/v1/sessions", json={"quota": "8m"})
+            assert r.status_code == 403 and "2 sessions" in r.json()["message"]
+            assert c.delete(f"/v1/sessions/{made.pop()}").status_code == 204
+            r = c.post("/v1/sessions", json={"quota": "24m"})  # 16m + 24m > 48m? no: 40m fits
+            assert r.status_code == 201
+            made.append(r.json()["id"])
+            r = c.post("/v1/sessions", json={"quota": "8m"})
+            assert r.status_code == 403
+        finally:
+            for sid in made:
+                c.delete(f"/v1/sessions/{sid}")
+
+
+def test_defaults_are_clamped_to_a_small_tokens_ceilings(server):
+    """Before: a 5 s / 128m token was refused the defaults (30 s, 256m), so the playground failed."""
+    url, tokens = server
+    secret, _ = tokens.create("small", max_timeout=5, max_memory="128m")
+    r = httpx.post(
+        f"{url}/v1/runs", json={"code": "print(1)"}, headers={"Authorization": f"Bearer {secret}"}, timeout=60
+    )
+    assert r.status_code == 200 and r.json()["timeout_seconds"] == 5 and r.json()["limits"]["memory"] == "128m"
+
+
+def test_errors_get_their_status_from_the_code_not_the_message(alice):
+    r = alice.post("/v1/sessions", json={"ttl_seconds": 300, "quota": "8m"})
+    sid = r.json()["id"]
+    try:
+        # a symlink named "escaped": before, "cap" in the message made it a 413
+        code = "import os; os.symlink('/etc', 'escaped-cap'); os.makedirs('d/e')"
+        assert alice.post(f"/v1/sessions/{sid}/runs", json={"code": code}).json()["ok"]
+        r = alice.get(f"/v1/sessions/{sid}/files/escaped-cap/passwd")
+        assert (r.status_code, r.json()["code"]) == (400, "path_refused"), r.text
+        r = alice.get(f"/v1/sessions/{sid}/files/d")  # a directory: before, 500
+        assert (r.status_code, r.json()["code"]) == (400, "path_refused") and "list" in r.json()["message"], r.text
+        big = b"x" * (7 * 1024 * 1024)
+        codes = [alice.put(f"/v1/sessions/{sid}/files/big{i}", content=big).status_code for i in range(2)]
+        assert codes[0] == 200 and codes[1] == 507, codes  # the 8m workspace is full: before, 500
+        r = alice.get(f"/v1/sessions/{sid}/files")
+        assert "big1" not in [e["name"] for e in r.json()]  # nothing half-written is left
+        assert not [e for e in r.json() if "sandloop-tmp" in e["name"]]
+    finally:
+        alice.delete(f"/v1/sessions/{sid}")

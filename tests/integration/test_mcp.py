@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import socket
-import subprocess
 import sys
-import time
 
+import httpx
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+
+from sandloop.server.tokens import TokenStore
+from tests.servers import sandloop_process
 
 STDIO = StdioServerParameters(command=sys.executable, args=["-m", "sandloop", "mcp"])
 
@@ -57,32 +58,47 @@ def test_mcp_over_stdio():
     asyncio.run(main())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _client(url: str, secret: str) -> Client:
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
 
-
-def test_mcp_over_streamable_http():
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sandloop", "mcp", "--transport", "http", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    return Client(
+        streamable_http_client(url, http_client=httpx2.AsyncClient(headers={"Authorization": f"Bearer {secret}"}))
     )
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.2)
+
+
+def test_mcp_over_streamable_http_needs_a_token_and_scopes_sessions_to_it(tmp_path):
+    """Before: any client reaching the port could run code and use any session by id."""
+    tokens = TokenStore(tmp_path / "tokens.sqlite")
+    alice, _ = tokens.create("alice")
+    bob, _ = tokens.create("bob", runs_per_minute=4)
+    with sandloop_process("mcp", "--transport", "http", home=tmp_path) as (port, _proc):
+        url = f"http://127.0.0.1:{port}/mcp"
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+        r = httpx.post(url, json=init, headers={"Accept": "application/json, text/event-stream"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        r = httpx.post(url, json=init, headers={"Authorization": "Bearer sl_forged"})
+        assert r.status_code == 401
 
         async def main() -> None:
-            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            async with _client(url, alice) as client:
                 await _exercise(client)
+                sid = _text(await client.call_tool("session_create", {"ttl_seconds": 300, "quota": "16m"})).strip()
+                assert sid.startswith("s-")
+            try:
+                async with _client(url, bob) as client:
+                    for tool, args in [
+                        ("session_list_files", {}),
+                        ("session_cell", {"code": "1"}),
+                        ("session_read_file", {"path": "x"}),
+                        ("session_delete", {}),
+                    ]:
+                        denied = await client.call_tool(tool, {"session_id": sid, **args})
+                        assert denied.is_error and "session_not_found" in _text(denied), (tool, _text(denied))
+                    limited = await client.call_tool("run_code", {"code": "print(1)"})  # bob's 5th call this minute
+                    assert limited.is_error and "rate_limited" in _text(limited)
+            finally:
+                async with _client(url, alice) as client:
+                    assert "deleted" in _text(await client.call_tool("session_delete", {"session_id": sid}))
 
         asyncio.run(main())
-    finally:
-        proc.terminate()
-        proc.wait(20)

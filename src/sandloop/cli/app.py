@@ -239,17 +239,16 @@ def agent(
 ) -> None:
     """Let a model solve TASK by writing and running code in the sandbox, shown as it happens."""
     from sandloop.agent import run_agent
-    from sandloop.agent.providers import PROVIDERS, make_client
+    from sandloop.agent.providers import DEFAULT_MODELS, PROVIDERS, make_client
     from sandloop.agent.transcript import save_jsonl
     from sandloop.agent.types import ProviderError
     from sandloop.cli.agent_view import AgentView
 
     if provider not in PROVIDERS:
         raise _fail(f"unknown provider {provider!r}; choose one of: {', '.join(PROVIDERS)}", 2)
-    default_models = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o"}
     try:
         limits = SandboxLimits(memory=memory, runtime=runtime)
-        client = make_client(provider, model or default_models[provider], base_url=base_url)
+        client = make_client(provider, model or DEFAULT_MODELS[provider], base_url=base_url)
     except (SandboxError, ProviderError) as exc:
         raise _fail(str(exc), 2) from None
     view = None if as_json else AgentView(err)
@@ -495,19 +494,59 @@ def session_rm(session_ids: Annotated[list[str], typer.Argument(help="Session id
         out.print(f"deleted {sid}")
 
 
+def _warn_if_exposed(host: str, what: str) -> None:
+    import ipaddress
+
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        err.print(
+            f"[yellow]warning:[/] {what} listens on {host} without TLS: bearer tokens and code cross the network "
+            "in clear text. Put it behind a TLS-terminating proxy, or listen on 127.0.0.1."
+        )
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8080,
+    provider_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--provider-url",
+            help="A model endpoint agent runs may use: PROVIDER=URL (no key sent) or PROVIDER=URL;key=ENV_VAR "
+            "(the value of $ENV_VAR is sent). Repeatable; the first per provider is its default.",
+        ),
+    ] = None,
+    official_providers: Annotated[
+        bool,
+        typer.Option(
+            "--official-providers/--no-official-providers",
+            help="Also list api.anthropic.com and api.openai.com (with ANTHROPIC_API_KEY / OPENAI_API_KEY).",
+        ),
+    ] = True,
+    metrics: Annotated[
+        str, typer.Option("--metrics", help="Who may read /metrics: token (a valid token), open, or off.")
+    ] = "token",
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs). Create a token first: `sandloop tokens create NAME`."""
     try:
         import uvicorn
 
         from sandloop.server.app import create_app
+        from sandloop.server.providers import EndpointConfigError, ProviderEndpoints
     except ImportError:
         raise _fail("the HTTP API needs its extra: pip install 'sandloop[server]'", 2) from None
-    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+    if metrics not in ("token", "open", "off"):
+        raise _fail("--metrics must be token, open or off", 2)
+    try:
+        endpoints = ProviderEndpoints(provider_url or [], official=official_providers)
+    except EndpointConfigError as exc:
+        raise _fail(f"--provider-url {exc}", 2) from None
+    _warn_if_exposed(host, "the HTTP API")
+    uvicorn.run(create_app(providers=endpoints, metrics_access=metrics), host=host, port=port, log_level="info")
 
 
 @app.command()
@@ -518,72 +557,124 @@ def mcp(
     runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor).")] = "runc",
     memory: Annotated[str, typer.Option("--memory")] = "256m",
 ) -> None:
-    """Serve sandloop as MCP tools (run code, sessions, files) for MCP clients."""
+    """Serve sandloop as MCP tools (run code, sessions, files) for MCP clients.
+
+    Over http every request needs a token (`sandloop tokens create NAME`, sent as
+    `Authorization: Bearer ...`); a token sees only its own sessions. stdio trusts the local user.
+    """
     try:
-        from sandloop.server.mcp_server import create_mcp_server
+        from sandloop.server.mcp_server import create_mcp_server, http_app
     except ImportError:
         raise _fail("the MCP server needs its extra: pip install 'sandloop[mcp]'", 2) from None
+    if transport not in ("stdio", "http"):
+        raise _fail("--transport must be stdio or http", 2)
     try:
-        server = create_mcp_server(SandboxLimits(runtime=runtime, memory=memory))
+        limits = SandboxLimits(runtime=runtime, memory=memory)
     except SandboxError as exc:
         raise _fail(str(exc), 2) from None
     if transport == "stdio":
-        server.run("stdio")
-    elif transport == "http":
-        server.run("streamable-http", host=host, port=port)
-    else:
-        raise _fail("--transport must be stdio or http", 2)
+        create_mcp_server(limits).run("stdio")
+        return
+    import uvicorn
+
+    from sandloop.server.tokens import TokenStore
+
+    tokens = TokenStore()
+    _warn_if_exposed(host, "the MCP server")
+    uvicorn.run(http_app(create_mcp_server(limits, tokens), tokens, host=host), host=host, port=port, log_level="info")
 
 
 @tokens_app.command("create")
 def tokens_create(
-    name: Annotated[str, typer.Argument(help="A name to recognise the token by.")],
-    max_concurrent: Annotated[int, typer.Option(help="Runs at once.")] = 4,
-    runs_per_minute: Annotated[int, typer.Option(help="Runs per minute.")] = 120,
+    name: Annotated[str, typer.Argument(help="A name to recognise the token by (unique among active tokens).")],
+    max_concurrent: Annotated[int, typer.Option(help="Sandbox operations at once.")] = 4,
+    runs_per_minute: Annotated[
+        int, typer.Option(help="Sandbox operations (runs, cells, file calls) per minute.")
+    ] = 120,
     max_memory: Annotated[str, typer.Option(help="Most memory a run may ask for.")] = "1g",
-    max_timeout: Annotated[float, typer.Option(help="Longest timeout a run may ask for.")] = 300,
+    max_timeout: Annotated[float, typer.Option(help="Longest timeout a run may ask for, in seconds.")] = 300,
+    max_sessions: Annotated[int, typer.Option(help="Live sessions at once.")] = 10,
+    max_workspace: Annotated[str, typer.Option(help="Total workspace quota of its live sessions.")] = "10g",
+    agent_runs_per_day: Annotated[int, typer.Option(help="Agent runs per UTC day.")] = 100,
+    agent_tokens_per_day: Annotated[int, typer.Option(help="Model tokens (in + out) per UTC day.")] = 1_000_000,
+    agent_max_iterations: Annotated[int, typer.Option(help="Most model turns in one agent run.")] = 20,
+    provider_url: Annotated[
+        list[str] | None,
+        typer.Option("--provider-url", help="Restrict agent runs to these of the server's endpoint URLs (repeatable)."),
+    ] = None,
 ) -> None:
     """Create a token; the secret is printed once."""
-    from sandloop.server.tokens import TokenStore
+    from sandloop.server.providers import normalize_url
+    from sandloop.server.tokens import TokenError, TokenStore
 
-    secret, token = TokenStore().create(
-        name,
-        max_concurrent=max_concurrent,
-        runs_per_minute=runs_per_minute,
-        max_memory=max_memory,
-        max_timeout=max_timeout,
-    )
+    try:
+        urls = tuple(normalize_url(u) for u in provider_url or [])
+        secret, token = TokenStore().create(
+            name,
+            max_concurrent=max_concurrent,
+            runs_per_minute=runs_per_minute,
+            max_memory=max_memory,
+            max_timeout=max_timeout,
+            max_sessions=max_sessions,
+            max_workspace=max_workspace,
+            agent_runs_per_day=agent_runs_per_day,
+            agent_tokens_per_day=agent_tokens_per_day,
+            agent_max_iterations=agent_max_iterations,
+            provider_urls=urls,
+        )
+    except (TokenError, ValueError) as exc:
+        raise _fail(str(exc), 2) from None
     err.print(f"created {token.id} ({name}); the secret is shown only now:")
     print(secret)
 
 
 @tokens_app.command("ls")
-def tokens_ls() -> None:
-    """List tokens (never their secrets)."""
+def tokens_ls(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per token.")] = False,
+) -> None:
+    """List tokens with their ceilings and today's agent usage (never their secrets)."""
+    import dataclasses
+    import json
+
     from sandloop.server.tokens import TokenStore
 
-    table = Table("id", "name", "state", "concurrent", "per minute", "memory", "timeout")
-    for t in TokenStore().list():
+    store = TokenStore()
+    rows = [(t, store.usage(t.id)) for t in store.list()]
+    if as_json:
+        for t, used in rows:
+            print(json.dumps({**dataclasses.asdict(t), "usage_today": dataclasses.asdict(used)}))
+        return
+    table = Table(
+        "id", "name", "state", "ops/min", "at once", "memory", "timeout", "sessions", "workspace", "agent today"
+    )
+    for t, used in rows:
         table.add_row(
             t.id,
             t.name,
             "revoked" if t.revoked else "active",
-            str(t.max_concurrent),
             str(t.runs_per_minute),
+            str(t.max_concurrent),
             t.max_memory,
             f"{t.max_timeout:g}",
+            str(t.max_sessions),
+            t.max_workspace,
+            f"{used.agent_runs}/{t.agent_runs_per_day} runs, {used.model_tokens}/{t.agent_tokens_per_day} tokens",
         )
+    # Ids are what `revoke` takes: never let the terminal's width cut them.
+    table.columns[0].no_wrap = True
+    table.columns[0].min_width = 16
     out.print(table)
 
 
 @tokens_app.command("revoke")
-def tokens_revoke(token_id: Annotated[str, typer.Argument(help="The token's id (tok_...).")]) -> None:
+def tokens_revoke(token: Annotated[str, typer.Argument(help="The token's id (tok_...) or name.")]) -> None:
     """Revoke a token at once."""
     from sandloop.server.tokens import TokenStore
 
-    if not TokenStore().revoke(token_id):
-        raise _fail(f"no active token {token_id}", 1)
-    out.print(f"revoked {token_id}")
+    revoked = TokenStore().revoke(token)
+    if revoked is None:
+        raise _fail(f"no active token with id or name {token!r} (see `sandloop tokens ls`)", 1)
+    out.print(f"revoked {revoked.id} ({revoked.name})")
 
 
 @app.command("languages")

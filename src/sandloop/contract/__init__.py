@@ -10,8 +10,10 @@ from sandloop.contract.errors import (
     SandboxBusy,
     SandboxError,
     SessionNotFound,
+    TooLarge,
     UnknownLanguage,
     WorkspaceFileNotFound,
+    WorkspaceFull,
 )
 from sandloop.contract.limits import DEFAULT_LIMITS, SandboxLimits, format_size, parse_size
 from sandloop.contract.result import Artifact, CellResult, ExecutionResult
@@ -22,7 +24,9 @@ __all__ = [
     "CellResult",
     "PathRefused",
     "SessionNotFound",
+    "TooLarge",
     "WorkspaceFileNotFound",
+    "WorkspaceFull",
     "EngineUnavailable",
     "ExecutionResult",
     "ImageMissing",

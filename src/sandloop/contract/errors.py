@@ -10,20 +10,27 @@ sandbox itself cannot do its job::
     ├── UnknownLanguage             no language of that name is registered
     ├── InvalidArgument             a bad value given to the API (also a ValueError)
     │   ├── InvalidLimits           a SandboxLimits value out of range
-    │   └── PathRefused             a workspace path that escapes the workspace, or too large
+    │   └── PathRefused             a workspace path that escapes the workspace, or names a directory
+    │       └── TooLarge            data over a size cap (a file, an upload, an archive's expansion)
     ├── WorkspaceFileNotFound       no such file in the session's workspace (also FileNotFoundError)
+    ├── WorkspaceFull               the session's workspace quota is used up
     ├── SessionNotFound             no live session with that id (deleted or expired)
     └── SandboxBusy                 admission control refused the run; retry later
 
-Every message says what to do about it.
+Every message says what to do about it. Every class has a stable ``code`` that front ends map
+(HTTP statuses, CLI JSON, MCP text) instead of reading messages.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class SandboxError(Exception):
     """The sandbox itself failed (not the code it ran)."""
 
+    #: Stable and machine-readable; front ends map it, never the message.
+    code: ClassVar[str] = "sandbox_error"
     #: Whether retrying the same call later may succeed.
     retryable: bool = False
 
@@ -31,42 +38,73 @@ class SandboxError(Exception):
 class EngineUnavailable(SandboxError):
     """No Docker engine answers, or it failed during the run."""
 
+    code = "engine_unavailable"
     retryable = True
 
 
 class ImageMissing(SandboxError):
     """The runtime image is not present on the engine."""
 
+    code = "image_missing"
+
 
 class RuntimeUnavailable(SandboxError):
     """The requested OCI runtime (runc, runsc) is not registered with the engine."""
+
+    code = "runtime_unavailable"
 
 
 class UnknownLanguage(SandboxError):
     """No language of that name is registered."""
 
+    code = "unknown_language"
+
 
 class InvalidArgument(SandboxError, ValueError):
     """A value passed to the API is invalid."""
+
+    code = "invalid_argument"
 
 
 class InvalidLimits(InvalidArgument):
     """A ``SandboxLimits`` value is out of range."""
 
+    code = "invalid_limits"
+
 
 class SandboxBusy(SandboxError):
     """Admission control refused the run because too many are in flight. Retry later."""
 
+    code = "busy"
     retryable = True
 
 
 class PathRefused(InvalidArgument):
-    """A workspace path was refused: absolute, traversal, a symlink out, or over a size cap."""
+    """A workspace path was refused: absolute, traversal, a symlink out, or a directory where a file
+    was expected. Over a size cap is its subclass ``TooLarge``."""
+
+    code = "path_refused"
+
+
+class TooLarge(PathRefused):
+    """Data over a size cap: a file written or read, an upload, an archive's expanded size."""
+
+    code = "too_large"
+
+
+class WorkspaceFull(SandboxError):
+    """The session's workspace is full (its quota is used up); delete files or use a larger quota."""
+
+    code = "workspace_full"
 
 
 class WorkspaceFileNotFound(SandboxError, FileNotFoundError):
     """No such file or directory in the session's workspace."""
 
+    code = "not_found"
+
 
 class SessionNotFound(SandboxError):
     """No live session with that id: it was deleted, or its idle TTL expired."""
+
+    code = "session_not_found"

@@ -2,38 +2,66 @@
 JSON to the core's calls and the core's errors to ``{code, message}`` with the right status.
 
     sandloop serve --host 127.0.0.1 --port 8080     # OpenAPI at /docs and /openapi.json
+
+What a token holder can reach is bounded before any work starts: ``RequestGuard`` caps bodies
+and authenticates before a body is read (guard.py); every operation that starts or uses a
+sandbox counts against the token's rate and concurrency, sessions against its count and
+workspace ceilings, agent runs against its daily budget (quota.py); agent runs reach only the
+provider endpoints the operator listed (providers.py).
 """
 
 import base64
 import collections
 import threading
-import time
+from importlib import resources
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from fastapi import Depends, FastAPI, Request, Response, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.security import HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sandloop.contract import (
-    EngineUnavailable,
-    ImageMissing,
-    InvalidArgument,
-    PathRefused,
-    RuntimeUnavailable,
-    SandboxBusy,
-    SandboxError,
-    SandboxLimits,
-    SessionNotFound,
-    UnknownLanguage,
-    WorkspaceFileNotFound,
-    parse_size,
-)
+from sandloop.contract import SandboxError, SandboxLimits, parse_size
 from sandloop.notes import sandbox_notes
+from sandloop.server.guard import RequestGuard
+from sandloop.server.models import (
+    MAX_FILE_BYTES,
+    MAX_JSON_BYTES,
+    AgentRunIn,
+    CellIn,
+    LimitsIn,
+    RunIn,
+    SessionIn,
+    SessionRunIn,
+)
+from sandloop.server.providers import EndpointConfigError, EndpointRefused, ProviderEndpoints
+from sandloop.server.quota import QuotaError, RateWindow, check_agent_budget, check_session_room
 from sandloop.server.tokens import Token, TokenStore
 
-MAX_CODE_CHARS = 1_000_000
-MAX_FILE_BYTES = 16 * 1024 * 1024
+#: The defaults a caller gets when it names no memory or timeout (clamped to its token's ceilings).
+DEFAULT_MEMORY, DEFAULT_TIMEOUT = "256m", 30.0
+#: Bodies of routes that take none (GET, DELETE) are refused past this.
+_SMALL_BODY = 64 * 1024
+
+#: HTTP status for each stable error code (``SandboxError.code`` and the API's own).
+STATUS = {
+    "busy": 429,
+    "not_found": 404,
+    "session_not_found": 404,
+    "path_refused": 400,
+    "too_large": 413,
+    "workspace_full": 507,
+    "invalid_argument": 400,
+    "invalid_limits": 400,
+    "unknown_language": 400,
+    "engine_unavailable": 503,
+    "image_missing": 503,
+    "runtime_unavailable": 503,
+}
+RETRY_AFTER = {"busy": 2, "engine_unavailable": 5}
 
 
 class ApiError(Exception):
@@ -42,76 +70,11 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
 
 
-class LimitsIn(BaseModel):
-    """The limits a caller may ask for (within its token's ceilings). No network over the API."""
-
-    memory: str = Field("256m", pattern=r"^\s*\d+\s*[bkmgBKMG]?[bB]?\s*$", max_length=20)
-    cpus: float = Field(0.5, gt=0, le=2)
-    pids: int = Field(64, ge=8, le=1024)
-    runtime: Literal["runc", "runsc"] = "runc"
-
-
-class RunIn(BaseModel):
-    code: str = Field(max_length=MAX_CODE_CHARS)
-    language: str = "python"
-    timeout_seconds: float = Field(30, gt=0, le=3600)
-    stdin: str | None = Field(None, max_length=MAX_CODE_CHARS)
-    limits: LimitsIn = Field(default_factory=LimitsIn)
-
-
-class CellIn(BaseModel):
-    code: str = Field(max_length=MAX_CODE_CHARS)
-    timeout_seconds: float = Field(30, gt=0, le=3600)
-
-
-class SessionIn(BaseModel):
-    ttl_seconds: float = Field(3600, ge=10, le=7 * 86400)
-    quota: str = Field("256m", pattern=r"^\s*\d+\s*[bkmgBKMG]?[bB]?\s*$", max_length=20)
-    limits: LimitsIn = Field(default_factory=LimitsIn)
-
-
-class AgentRunIn(BaseModel):
-    task: str = Field(min_length=1, max_length=100_000)
-    provider: Literal["anthropic", "openai"] = "anthropic"
-    model: str = Field("claude-sonnet-4-5", min_length=1, max_length=200)
-    #: An OpenAI-compatible or Anthropic-format endpoint; the API key comes from the server's env.
-    base_url: str | None = Field(None, max_length=2000)
-    max_iterations: int = Field(10, ge=1, le=50)
-    timeout_seconds: float = Field(30, gt=0, le=300)
-    limits: LimitsIn = Field(default_factory=LimitsIn)
-
-
-class RateWindow:
-    """Per-token runs per minute and concurrent runs."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._starts: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
-        self._running: dict[str, int] = collections.defaultdict(int)
-
-    def enter(self, token: Token) -> None:
-        now = time.monotonic()
-        with self._lock:
-            window = self._starts[token.id]
-            while window and now - window[0] > 60:
-                window.popleft()
-            if len(window) >= token.runs_per_minute:
-                raise ApiError(
-                    429,
-                    "rate_limited",
-                    f"this token allows {token.runs_per_minute} runs per minute",
-                    retry_after=max(1, int(60 - (now - window[0])) + 1),
-                )
-            if self._running[token.id] >= token.max_concurrent:
-                raise ApiError(
-                    429, "too_many_concurrent", f"this token allows {token.max_concurrent} runs at once", retry_after=1
-                )
-            window.append(now)
-            self._running[token.id] += 1
-
-    def leave(self, token: Token) -> None:
-        with self._lock:
-            self._running[token.id] -= 1
+def error_for(exc: SandboxError) -> ApiError:
+    code = exc.code
+    # The engine's and image's troubles are the operator's, not the caller's: one code for them.
+    public = "engine_unavailable" if STATUS.get(code) == 503 else "not_found" if code.endswith("not_found") else code
+    return ApiError(STATUS.get(code, 500), public, str(exc), retry_after=RETRY_AFTER.get(public))
 
 
 class Metrics:
@@ -131,78 +94,113 @@ class Metrics:
             self.rejections[code] += 1
 
 
-def _error_for(exc: SandboxError) -> ApiError:
-    if isinstance(exc, SandboxBusy):
-        return ApiError(429, "busy", str(exc), retry_after=2)
-    if isinstance(exc, (SessionNotFound, WorkspaceFileNotFound)):
-        return ApiError(404, "not_found", str(exc))
-    if isinstance(exc, PathRefused):
-        big = "cap" in str(exc) or "bytes" in str(exc)
-        return ApiError(413 if big else 400, "too_large" if big else "path_refused", str(exc))
-    if isinstance(exc, (UnknownLanguage, InvalidArgument)):
-        return ApiError(400, "invalid_argument", str(exc))
-    if isinstance(exc, (EngineUnavailable, ImageMissing, RuntimeUnavailable)):
-        return ApiError(503, "engine_unavailable", str(exc), retry_after=5)
-    return ApiError(500, "sandbox_error", str(exc))
+def _is_file_put(method: str, path: str) -> bool:
+    return method == "PUT" and path.startswith("/v1/sessions/") and "/files/" in path
 
 
-def create_app(tokens: TokenStore | None = None) -> FastAPI:
+def create_app(
+    tokens: TokenStore | None = None,
+    *,
+    providers: ProviderEndpoints | None = None,
+    metrics_access: Literal["open", "token", "off"] = "token",
+) -> FastAPI:
+    """The API over a token store. ``providers``: the endpoints agent runs may reach (default:
+    the official ones only). ``metrics_access``: who may read ``/metrics``."""
     from sandloop.runner import default_dispatcher, run_code
-    from sandloop.sessions import Session, SessionStore
+    from sandloop.sessions import Session
 
     store = tokens or TokenStore()
-    app = FastAPI(title="sandloop", version="0.1.0", description="Run code in throwaway, hardened sandboxes.")
+    endpoints = providers or ProviderEndpoints()
+    app = FastAPI(
+        title="sandloop",
+        version="0.1.0",
+        description="Run code in throwaway, hardened sandboxes. Send `Authorization: Bearer <token>` "
+        "(create one with `sandloop tokens create NAME`).",
+        docs_url=None,
+        redoc_url=None,
+    )
     rates = RateWindow()
     metrics = Metrics()
+    session_lock = threading.Lock()
     app.state.tokens, app.state.metrics = store, metrics
 
+    def protected(path: str) -> bool:
+        return path.startswith("/v1/") or (path == "/metrics" and metrics_access == "token")
+
+    def body_cap(method: str, path: str) -> int:
+        if _is_file_put(method, path):
+            return MAX_FILE_BYTES
+        return MAX_JSON_BYTES if method in ("POST", "PUT", "PATCH") else _SMALL_BODY
+
+    app.add_middleware(RequestGuard, tokens=store, body_cap=body_cap, protected=protected, on_reject=metrics.reject)
+
+    # -- errors: always {code, message} ---------------------------------------------------------
     @app.exception_handler(ApiError)
     def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        metrics.reject(exc.code) if exc.status in (401, 403, 413, 429) else None
-        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+        if exc.status in (401, 403, 413, 429):
+            metrics.reject(exc.code)
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else {}
         if exc.status == 401:
-            headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+            headers["WWW-Authenticate"] = "Bearer"
         return JSONResponse({"code": exc.code, "message": exc.message}, status_code=exc.status, headers=headers)
 
     @app.exception_handler(SandboxError)
     def _sandbox_error(request: Request, exc: SandboxError) -> JSONResponse:
-        return _api_error(request, _error_for(exc))
+        return _api_error(request, error_for(exc))
 
-    from fastapi.exceptions import RequestValidationError
+    @app.exception_handler(QuotaError)
+    def _quota_error(request: Request, exc: QuotaError) -> JSONResponse:
+        return _api_error(request, ApiError(exc.status, exc.code, exc.message, exc.retry_after))
+
+    @app.exception_handler(StarletteHTTPException)
+    def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        message = f"no route {request.method} {request.url.path}; see /docs" if exc.status_code == 404 else exc.detail
+        return JSONResponse({"code": code, "message": str(message)}, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: "
+            + ("unknown field (see /docs for this route's fields)" if e.get("type") == "extra_forbidden" else e["msg"])
+            for e in exc.errors()
+        )
         too_big = any(e.get("type") == "string_too_long" for e in exc.errors())
         status = 413 if too_big else 400
         return JSONResponse(
             {"code": "too_large" if too_big else "invalid_request", "message": problems}, status_code=status
         )
 
-    async def auth(request: Request) -> Token:  # async: a rejection never waits for a worker thread
-        header = request.headers.get("authorization", "")
-        scheme, _, secret = header.partition(" ")
-        if scheme.lower() != "bearer" or not secret:
-            raise ApiError(
-                401, "unauthorized", "send Authorization: Bearer <token> (create one with `sandloop tokens create`)"
-            )
-        token = store.verify(secret.strip())
-        if token is None:
-            raise ApiError(401, "unauthorized", "unknown or revoked token")
+    # -- who is calling, and what they may ask for ----------------------------------------------
+    bearer = HTTPBearer(auto_error=False, description="A token from `sandloop tokens create NAME`.")
+
+    def auth(request: Request, _: Annotated[Any, Security(bearer)] = None) -> Token:
+        token = request.scope.get("state", {}).get("token")
+        if token is None:  # RequestGuard authenticates every protected path; this is a backstop
+            raise ApiError(401, "unauthorized", "send Authorization: Bearer <token>")
         return token
 
     Auth = Annotated[Token, Depends(auth)]
 
-    def limits_for(token: Token, wanted: LimitsIn, timeout: float) -> SandboxLimits:
-        try:
-            memory = parse_size(wanted.memory)
-        except ValueError as exc:
-            raise ApiError(400, "invalid_argument", str(exc)) from None
-        if memory > parse_size(token.max_memory):
-            raise ApiError(403, "over_token_limit", f"this token may ask for at most {token.max_memory} of memory")
+    def clamp_timeout(token: Token, timeout: float | None) -> float:
+        if timeout is None:
+            return min(DEFAULT_TIMEOUT, token.max_timeout)
         if timeout > token.max_timeout:
             raise ApiError(403, "over_token_limit", f"this token may ask for at most {token.max_timeout:g} s")
-        return SandboxLimits(memory=wanted.memory, cpus=wanted.cpus, pids=wanted.pids, runtime=wanted.runtime)
+        return timeout
+
+    def limits_for(token: Token, wanted: LimitsIn) -> SandboxLimits:
+        ceiling = parse_size(token.max_memory)
+        if wanted.memory is None:
+            memory: str | int = min(parse_size(DEFAULT_MEMORY), ceiling)
+        else:
+            try:
+                memory = parse_size(wanted.memory)
+            except ValueError as exc:
+                raise ApiError(400, "invalid_argument", str(exc)) from None
+            if memory > ceiling:
+                raise ApiError(403, "over_token_limit", f"this token may ask for at most {token.max_memory} of memory")
+        return SandboxLimits(memory=memory, cpus=wanted.cpus, pids=wanted.pids, runtime=wanted.runtime)
 
     def result_json(result: Any) -> dict[str, Any]:
         body = result.model_dump(mode="json", exclude={"artifacts"})
@@ -219,17 +217,42 @@ def create_app(tokens: TokenStore | None = None) -> FastAPI:
             raise ApiError(404, "not_found", f"no session {session_id}")
         return Session.attach(session_id)
 
-    # -- endpoints ------------------------------------------------------------------------------
-    from importlib import resources
+    def with_session(token: Token, session_id: str, call: Any) -> Any:
+        """``call(session)`` on one of the token's sessions, counted against its rate (each
+        operation starts or uses a sandbox)."""
+        with rates.use(token):
+            s = owned(token, session_id)
+            try:
+                return call(s)
+            finally:
+                s.close()
 
-    from fastapi.responses import HTMLResponse
+    def count(result: Any) -> dict[str, Any]:
+        metrics.run("timeout" if result.timed_out else "ok" if result.ok else "error", result.duration_seconds)
+        return result_json(result)
 
-    page = resources.files("sandloop.server").joinpath("static/index.html").read_text()
+    # -- pages ----------------------------------------------------------------------------------
+    static = resources.files("sandloop.server").joinpath("static")
+    page = static.joinpath("index.html").read_text()
+    try:
+        import swagger_ui_bundle
+
+        # Before /static, which would otherwise match these paths first.
+        app.mount("/static/swagger", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger")
+        docs_page = static.joinpath("docs.html").read_text()
+    except ImportError:  # pragma: no cover - the server extra installs it
+        docs_page = "<p>Swagger UI is not installed (pip install 'sandloop[server]'); the spec is at /openapi.json</p>"
+    app.mount("/static", StaticFiles(packages=[("sandloop.server", "static")]), name="static")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def playground() -> str:
         """The web playground: plain HTML and JavaScript over this same API."""
         return page
+
+    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+    def docs() -> str:
+        """Swagger UI, served from this server (no CDN)."""
+        return docs_page
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
@@ -237,10 +260,12 @@ def create_app(tokens: TokenStore | None = None) -> FastAPI:
             default_dispatcher().backend.info()
             return {"status": "ok"}
         except SandboxError as exc:
-            raise _error_for(exc) from None
+            raise error_for(exc) from None
 
-    @app.get("/metrics", response_class=PlainTextResponse)
-    def prometheus() -> str:
+    @app.get("/metrics", response_class=PlainTextResponse, include_in_schema=metrics_access != "off")
+    def prometheus(request: Request) -> str:
+        if metrics_access == "off":
+            raise ApiError(404, "not_found", "metrics are off on this server (sandloop serve --metrics)")
         stats = default_dispatcher().stats()
         lines = ["# TYPE sandloop_runs_total counter"]
         lines += [f'sandloop_runs_total{{outcome="{k}"}} {v}' for k, v in sorted(metrics.runs.items())]
@@ -254,52 +279,100 @@ def create_app(tokens: TokenStore | None = None) -> FastAPI:
         lines += ["# TYPE sandloop_in_flight gauge", f"sandloop_in_flight {stats['in_flight']}"]
         return "\n".join(lines) + "\n"
 
+    # -- runs -----------------------------------------------------------------------------------
     @app.post("/v1/runs")
     async def create_run(body: RunIn, token: Auth) -> dict[str, Any]:
-        limits = limits_for(token, body.limits, body.timeout_seconds)
-        rates.enter(token)  # 429s are decided here, before any thread is taken
-        try:
+        limits = limits_for(token, body.limits)
+        timeout = clamp_timeout(token, body.timeout_seconds)
+        with rates.use(token):  # 429s are decided here, before any thread is taken
             result = await run_in_threadpool(
-                run_code, body.code, body.language, body.timeout_seconds, limits=limits, stdin=body.stdin
+                run_code, body.code, body.language, timeout, limits=limits, stdin=body.stdin
             )
-        finally:
-            rates.leave(token)
-        metrics.run("timeout" if result.timed_out else "ok" if result.ok else "error", result.duration_seconds)
-        return result_json(result)
+        return count(result)
+
+    @app.get("/v1/usage")
+    def usage(token: Auth) -> dict[str, Any]:
+        """This token's agent usage today (UTC) and its ceilings."""
+        used = store.usage(token.id)
+        return {
+            "day": used.day,
+            "agent_runs": used.agent_runs,
+            "agent_iterations": used.agent_iterations,
+            "input_tokens": used.input_tokens,
+            "output_tokens": used.output_tokens,
+            "limits": {
+                "agent_runs_per_day": token.agent_runs_per_day,
+                "agent_tokens_per_day": token.agent_tokens_per_day,
+                "agent_max_iterations": token.agent_max_iterations,
+            },
+        }
 
     @app.post("/v1/agent/runs", response_class=StreamingResponse)
     async def agent_run(body: AgentRunIn, token: Auth) -> StreamingResponse:
         """Run the agent loop; its transcript streams as server-sent events (assistant,
-        tool_call, tool_result, then done with the answer, or error)."""
+        tool_call, tool_result, then done with the answer, or error). The model endpoint is one
+        the operator listed (``base_url`` picks among them; any other is refused, 403)."""
         import asyncio
         import dataclasses
         import json
 
         from sandloop.agent import run_agent
-        from sandloop.agent.providers import make_client
+        from sandloop.agent.providers import DEFAULT_MODELS, make_client
         from sandloop.agent.types import ProviderError
 
-        limits = limits_for(token, body.limits, body.timeout_seconds)
+        limits = limits_for(token, body.limits)
+        timeout = clamp_timeout(token, body.timeout_seconds)
         try:
-            client = make_client(body.provider, body.model, base_url=body.base_url)
+            endpoint = endpoints.resolve(body.provider, body.base_url, token.provider_urls)
+            key = endpoint.api_key()
+        except EndpointRefused as exc:
+            raise ApiError(403, "provider_url_refused", str(exc)) from None
+        except EndpointConfigError as exc:
+            raise ApiError(503, "provider_config", str(exc)) from None
+        iterations = body.max_iterations or min(10, token.agent_max_iterations)
+        check_agent_budget(store, token, iterations)
+        try:
+            client = make_client(
+                body.provider, body.model or DEFAULT_MODELS[body.provider], base_url=endpoint.base_url, api_key=key
+            )
         except ProviderError as exc:
             raise ApiError(400, "provider_config", str(exc)) from None
         rates.enter(token)
+        store.record_usage(token.id, agent_runs=1)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
 
+        class BudgetSpent(Exception):
+            pass
+
         def emit(kind: str, data: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (kind, data))
+
+        def on_event(event: Any) -> None:
+            emit(event.kind, dataclasses.asdict(event.turn))
+            if event.kind == "assistant":
+                spent = event.turn.usage
+                used = store.record_usage(
+                    token.id,
+                    iterations=1,
+                    input_tokens=spent.input_tokens if spent else 0,
+                    output_tokens=spent.output_tokens if spent else 0,
+                )
+                if used.model_tokens >= token.agent_tokens_per_day and event.turn.tool_calls:
+                    raise BudgetSpent(
+                        f"this token's {token.agent_tokens_per_day} model tokens for {used.day} (UTC) are used; "
+                        "the run stopped before its next tool call"
+                    )
 
         def work() -> None:
             try:
                 result = run_agent(
                     body.task,
                     client,
-                    body.max_iterations,
+                    iterations,
                     limits=limits,
-                    timeout_seconds=body.timeout_seconds,
-                    on_event=lambda e: emit(e.kind, dataclasses.asdict(e.turn)),
+                    timeout_seconds=timeout,
+                    on_event=on_event,
                 )
                 emit(
                     "done",
@@ -310,6 +383,8 @@ def create_app(tokens: TokenStore | None = None) -> FastAPI:
                         "usage": None if result.usage is None else dataclasses.asdict(result.usage),
                     },
                 )
+            except BudgetSpent as exc:
+                emit("error", {"code": "over_daily_budget", "message": str(exc)})
             except ProviderError as exc:
                 emit("error", {"code": "provider_error", "message": str(exc)})
             except Exception as exc:  # noqa: BLE001 - reported to the client, not raised into the server
@@ -329,14 +404,7 @@ def create_app(tokens: TokenStore | None = None) -> FastAPI:
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    @app.post("/v1/sessions", status_code=201)
-    def create_session(body: SessionIn, token: Auth) -> dict[str, Any]:
-        limits = limits_for(token, body.limits, 1)
-        s = Session.create(limits, ttl=body.ttl_seconds, quota=body.quota)
-        store.own(s.id, token.id)
-        s.close()
-        return session_json(s.record)
-
+    # -- sessions -------------------------------------------------------------------------------
     def session_json(record: Any) -> dict[str, Any]:
         return {
             "id": record.id,
@@ -348,10 +416,27 @@ def create_app(tokens: TokenStore | None = None) -> FastAPI:
             "limits": record.limits,
         }
 
+    def live_sessions(token: Token) -> list[Any]:
+        mine = store.sessions_of(token.id)
+        return [r for r in Session.list() if r.id in mine]
+
+    @app.post("/v1/sessions", status_code=201)
+    def create_session(body: SessionIn, token: Auth) -> dict[str, Any]:
+        limits = limits_for(token, body.limits)
+        try:
+            quota = parse_size(body.quota)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_argument", str(exc)) from None
+        with rates.use(token), session_lock:  # one check-and-create at a time, so two cannot both fit
+            check_session_room(token, [r.quota_bytes for r in live_sessions(token)], quota)
+            s = Session.create(limits, ttl=body.ttl_seconds, quota=body.quota)
+            store.own(s.id, token.id)
+            s.close()
+        return session_json(s.record)
+
     @app.get("/v1/sessions")
     def list_sessions(token: Auth) -> list[dict[str, Any]]:
-        mine = store.sessions_of(token.id)
-        return [session_json(r) for r in SessionStore(default_dispatcher().backend).list() if r.id in mine]
+        return [session_json(r) for r in live_sessions(token)]
 
     @app.get("/v1/sessions/{session_id}")
     def get_session(session_id: str, token: Auth) -> dict[str, Any]:
@@ -361,77 +446,41 @@ def create_app(tokens: TokenStore | None = None) -> FastAPI:
 
     @app.delete("/v1/sessions/{session_id}", status_code=204)
     def delete_session(session_id: str, token: Auth) -> Response:
-        owned(token, session_id).delete()
+        with rates.use(token):
+            owned(token, session_id).delete()
         store.disown(session_id)
         return Response(status_code=204)
 
     @app.post("/v1/sessions/{session_id}/runs")
-    async def session_run(session_id: str, body: RunIn, token: Auth) -> dict[str, Any]:
-        limits_for(token, body.limits, body.timeout_seconds)
-        return await in_session(
-            token, session_id, lambda s: s.run(body.code, body.language, body.timeout_seconds, stdin=body.stdin)
+    def session_run(session_id: str, body: SessionRunIn, token: Auth) -> dict[str, Any]:
+        timeout = clamp_timeout(token, body.timeout_seconds)
+        return count(
+            with_session(token, session_id, lambda s: s.run(body.code, body.language, timeout, stdin=body.stdin))
         )
 
-    async def in_session(token: Token, session_id: str, call: Any) -> dict[str, Any]:
-        """Run ``call(session)`` counted against the token's rate, off the event loop."""
-        rates.enter(token)
-        try:
-            s = await run_in_threadpool(owned, token, session_id)
-            try:
-                result = await run_in_threadpool(call, s)
-            finally:
-                s.close()
-        finally:
-            rates.leave(token)
-        metrics.run("timeout" if result.timed_out else "ok" if result.ok else "error", result.duration_seconds)
-        return result_json(result)
-
     @app.post("/v1/sessions/{session_id}/cells")
-    async def session_cell(session_id: str, body: CellIn, token: Auth) -> dict[str, Any]:
-        if body.timeout_seconds > token.max_timeout:
-            raise ApiError(403, "over_token_limit", f"this token may ask for at most {token.max_timeout:g} s")
-        return await in_session(token, session_id, lambda s: s.run_cell(body.code, body.timeout_seconds))
+    def session_cell(session_id: str, body: CellIn, token: Auth) -> dict[str, Any]:
+        timeout = clamp_timeout(token, body.timeout_seconds)
+        return count(with_session(token, session_id, lambda s: s.run_cell(body.code, timeout)))
 
     @app.get("/v1/sessions/{session_id}/files")
     def list_files(session_id: str, token: Auth, path: str = ".") -> list[dict[str, Any]]:
-        s = owned(token, session_id)
-        try:
-            return s.list_files(path)
-        finally:
-            s.close()
+        return with_session(token, session_id, lambda s: s.list_files(path))
 
     @app.get("/v1/sessions/{session_id}/files/{path:path}")
     def get_file(session_id: str, path: str, token: Auth) -> Response:
-        s = owned(token, session_id)
-        try:
-            return Response(s.read_file(path), media_type="application/octet-stream")
-        finally:
-            s.close()
+        data = with_session(token, session_id, lambda s: s.read_file(path))
+        return Response(data, media_type="application/octet-stream")
 
     @app.put("/v1/sessions/{session_id}/files/{path:path}")
     async def put_file(session_id: str, path: str, request: Request, token: Auth) -> dict[str, Any]:
-        declared = int(request.headers.get("content-length") or 0)
-        if declared > MAX_FILE_BYTES:
-            raise ApiError(413, "too_large", f"files up to {MAX_FILE_BYTES} bytes; use a session upload for more")
-        data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > MAX_FILE_BYTES:
-                raise ApiError(413, "too_large", f"files up to {MAX_FILE_BYTES} bytes")
-        s = await run_in_threadpool(owned, token, session_id)
-        try:
-            size = await run_in_threadpool(s.write_file, path, bytes(data))
-        finally:
-            s.close()
+        data = await request.body()  # RequestGuard capped it at MAX_FILE_BYTES while it streamed in
+        size = await run_in_threadpool(with_session, token, session_id, lambda s: s.write_file(path, data))
         return {"path": path, "size": size}
 
     @app.delete("/v1/sessions/{session_id}/files/{path:path}", status_code=204)
     def delete_file(session_id: str, path: str, token: Auth) -> Response:
-        s = owned(token, session_id)
-        try:
-            s.delete_file(path)
-        finally:
-            s.close()
+        with_session(token, session_id, lambda s: s.delete_file(path))
         return Response(status_code=204)
 
     return app

@@ -1,26 +1,35 @@
 """The MCP server (official ``mcp`` SDK): sandloop as tools for Claude Desktop, Claude Code, Cursor.
 
-    sandloop mcp                                   # stdio
-    sandloop mcp --transport http --port 8765      # streamable HTTP at /mcp
+    sandloop mcp                                   # stdio: the local user is trusted
+    sandloop mcp --transport http --port 8765      # streamable HTTP at /mcp, bearer tokens required
 
 A front end: each tool calls the core. A failed or killed run comes back as a tool result with
 ``isError`` and the same notes the agent loop gives a model; nothing raises into the client.
+
+Over HTTP every request needs a token from the HTTP API's store (``sandloop tokens create``),
+checked before its body is read (``RequestGuard``). A token sees only the sessions it created
+(here or over the HTTP API: they are the same sessions), and its tools count against its rate,
+concurrency, session and workspace ceilings exactly as over the HTTP API.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, ImageContent, TextContent
 
 from sandloop import languages
 from sandloop.agent.tools import format_execution
-from sandloop.contract import SandboxError, SandboxLimits
+from sandloop.contract import SandboxError, SandboxLimits, SessionNotFound, parse_size
+from sandloop.server.quota import QuotaError, RateWindow, check_session_room
+from sandloop.server.tokens import Token, TokenStore
 
 INSTRUCTIONS = (
     "sandloop runs code in throwaway, hardened sandboxes: no network, 256 MB of memory, half a CPU, "
@@ -42,26 +51,58 @@ def _guarded(fn: Callable[..., CallToolResult]) -> Callable[..., Any]:
         try:
             return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
         except SandboxError as exc:
-            return _text(f"error: the sandbox could not do this: {exc}", is_error=True)
+            return _text(f"error ({exc.code}): the sandbox could not do this: {exc}", is_error=True)
+        except QuotaError as exc:
+            return _text(f"error ({exc.code}): {exc.message}", is_error=True)
 
     return wrapper
 
 
-def create_mcp_server(limits: SandboxLimits | None = None) -> MCPServer:
+def _caller(ctx: Context) -> Token | None:
+    """The token RequestGuard verified for this HTTP request; None over stdio."""
+    request = ctx.request_context.request
+    return None if request is None else request.scope.get("state", {}).get("token")
+
+
+def create_mcp_server(limits: SandboxLimits | None = None, tokens: TokenStore | None = None) -> MCPServer:
+    """The tools. With ``tokens`` (the HTTP transport) every call must carry one of its tokens
+    and is scoped and counted as over the HTTP API; without (stdio) the local user is trusted."""
     from sandloop.runner import run_code as core_run
     from sandloop.sessions import Session
 
     lim = limits or SandboxLimits()
     server = MCPServer("sandloop", instructions=INSTRUCTIONS, version="0.1.0")
     langs = ", ".join(languages.names())
+    rates = RateWindow()
+    session_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def metered(ctx: Context):
+        """Counts the call against the caller's token (HTTP); stdio callers are not metered."""
+        token = _caller(ctx)
+        if tokens is None:
+            yield None
+            return
+        if token is None:  # RequestGuard refuses these first; this is a backstop
+            raise QuotaError(401, "unauthorized", "this server needs a bearer token")
+        with rates.use(token):
+            yield token
+
+    def attach(token: Token | None, session_id: str) -> Session:
+        if tokens is not None and (token is None or tokens.owner_of(session_id) != token.id):
+            raise SessionNotFound(f"no session {session_id}")  # someone else's looks like none
+        return Session.attach(session_id)
 
     @server.tool(
         description=f"Run a program once in a fresh sandbox ({langs}; Python has numpy, pandas, matplotlib). "
         "Returns exit code, stdout, stderr, and a note when the sandbox killed or limited it."
     )
     @_guarded
-    def run_code(code: str, language: str = "python", timeout_seconds: float = 30) -> CallToolResult:
-        result = core_run(code, language, timeout_seconds, limits=lim)
+    def run_code(ctx: Context, code: str, language: str = "python", timeout_seconds: float = 30) -> CallToolResult:
+        with metered(ctx) as token:
+            if token is not None and timeout_seconds > token.max_timeout:
+                raise QuotaError(403, "over_token_limit", f"this token may ask for at most {token.max_timeout:g} s")
+            result = core_run(code, language, timeout_seconds, limits=lim)
         return _text(format_execution(result), is_error=not result.ok)
 
     @server.tool(
@@ -69,21 +110,25 @@ def create_mcp_server(limits: SandboxLimits | None = None) -> MCPServer:
         "Returns the session id. Sessions expire after ttl_seconds idle."
     )
     @_guarded
-    def session_create(ttl_seconds: float = 3600, quota: str = "256m") -> CallToolResult:
-        s = Session.create(lim, ttl=ttl_seconds, quota=quota)
-        s.close()
+    def session_create(ctx: Context, ttl_seconds: float = 3600, quota: str = "256m") -> CallToolResult:
+        with metered(ctx) as token, session_lock:
+            if token is not None:
+                mine = tokens.sessions_of(token.id)
+                live = [r.quota_bytes for r in Session.list() if r.id in mine]
+                check_session_room(token, live, parse_size(quota))
+            s = Session.create(lim, ttl=ttl_seconds, quota=quota)
+            if token is not None:
+                tokens.own(s.id, token.id)
+            s.close()
         return _text(s.id)
 
     @server.tool(description="Run a program in a fresh process with the session's /workspace as working directory.")
     @_guarded
     def session_run(
-        session_id: str, code: str, language: str = "python", timeout_seconds: float = 30
+        ctx: Context, session_id: str, code: str, language: str = "python", timeout_seconds: float = 30
     ) -> CallToolResult:
-        s = Session.attach(session_id)
-        try:
+        with metered(ctx) as token, attach(token, session_id) as s:
             result = s.run(code, language, timeout_seconds)
-        finally:
-            s.close()
         return _text(format_execution(result), is_error=not result.ok)
 
     @server.tool(
@@ -91,12 +136,9 @@ def create_mcp_server(limits: SandboxLimits | None = None) -> MCPServer:
         "a last expression is returned; matplotlib figures come back as PNG images."
     )
     @_guarded
-    def session_cell(session_id: str, code: str, timeout_seconds: float = 30) -> CallToolResult:
-        s = Session.attach(session_id)
-        try:
+    def session_cell(ctx: Context, session_id: str, code: str, timeout_seconds: float = 30) -> CallToolResult:
+        with metered(ctx) as token, attach(token, session_id) as s:
             result = s.run_cell(code, timeout_seconds)
-        finally:
-            s.close()
         text = format_execution(result)
         if result.value is not None:
             text += f"\nvalue: {result.value}"
@@ -111,21 +153,15 @@ def create_mcp_server(limits: SandboxLimits | None = None) -> MCPServer:
 
     @server.tool(description="Write a text file into the session's /workspace (path relative to it).")
     @_guarded
-    def session_write_file(session_id: str, path: str, content: str) -> CallToolResult:
-        s = Session.attach(session_id)
-        try:
+    def session_write_file(ctx: Context, session_id: str, path: str, content: str) -> CallToolResult:
+        with metered(ctx) as token, attach(token, session_id) as s:
             return _text(f"wrote {s.write_file(path, content)} bytes to /workspace/{path}")
-        finally:
-            s.close()
 
     @server.tool(description="Read a text file from the session's /workspace.")
     @_guarded
-    def session_read_file(session_id: str, path: str) -> CallToolResult:
-        s = Session.attach(session_id)
-        try:
+    def session_read_file(ctx: Context, session_id: str, path: str) -> CallToolResult:
+        with metered(ctx) as token, attach(token, session_id) as s:
             data = s.read_file(path)
-        finally:
-            s.close()
         try:
             return _text(data.decode())
         except UnicodeDecodeError:
@@ -133,18 +169,31 @@ def create_mcp_server(limits: SandboxLimits | None = None) -> MCPServer:
 
     @server.tool(description="List a directory of the session's /workspace.")
     @_guarded
-    def session_list_files(session_id: str, path: str = ".") -> CallToolResult:
-        s = Session.attach(session_id)
-        try:
+    def session_list_files(ctx: Context, session_id: str, path: str = ".") -> CallToolResult:
+        with metered(ctx) as token, attach(token, session_id) as s:
             entries = s.list_files(path)
-        finally:
-            s.close()
         return _text("\n".join(f"{e['type']:7} {e['size']:>10}  {e['name']}" for e in entries) or "(empty)")
 
     @server.tool(description="Delete a session and everything in it.")
     @_guarded
-    def session_delete(session_id: str) -> CallToolResult:
-        Session.attach(session_id).delete()
+    def session_delete(ctx: Context, session_id: str) -> CallToolResult:
+        with metered(ctx) as token:
+            attach(token, session_id).delete()
+        if tokens is not None:
+            tokens.disown(session_id)
         return _text(f"deleted {session_id}")
 
     return server
+
+
+def http_app(server: MCPServer, tokens: TokenStore, *, host: str = "127.0.0.1") -> Any:
+    """The streamable HTTP transport at /mcp behind RequestGuard: a token before any body is read."""
+    from sandloop.server.guard import RequestGuard
+
+    inner = server.streamable_http_app(host=host)
+    return RequestGuard(
+        inner,
+        tokens,
+        body_cap=lambda method, path: 4 * 1024 * 1024,
+        protected=lambda path: True,
+    )

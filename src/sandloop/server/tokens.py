@@ -1,20 +1,29 @@
-"""Bearer tokens for the HTTP API: stored hashed in SQLite, each with its own limits.
+"""Bearer tokens for the HTTP API and MCP over HTTP: stored hashed in SQLite, each with its ceilings.
 
 A token is 32 random bytes (``sl_`` + urlsafe base64); only its SHA-256 is stored, so a leaked
 database grants nothing. Lookups go by hash and are confirmed with a constant-time comparison.
+
+Each token carries what it may cost: runs per minute and at once, the largest memory and timeout a
+run may ask for, how many live sessions and how much workspace quota it may hold, and what its
+agent runs may spend per UTC day (runs, model tokens) with the most iterations per run. Agent
+usage is recorded per token and day (``usage``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import hashlib
 import hmac
+import json
 import secrets
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandloop.contract import parse_size
 from sandloop.sessions.store import sandloop_home
 
 SCHEMA = """
@@ -32,8 +41,31 @@ CREATE TABLE IF NOT EXISTS tokens (
 CREATE TABLE IF NOT EXISTS session_owners (
     session_id TEXT PRIMARY KEY,
     token_id TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS usage (
+    token_id TEXT NOT NULL,
+    day TEXT NOT NULL,
+    agent_runs INTEGER NOT NULL DEFAULT 0,
+    agent_iterations INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (token_id, day)
 )
 """
+
+#: Columns added after the first release, with their defaults for tokens made before them.
+_ADDED_COLUMNS = {
+    "max_sessions": "INTEGER NOT NULL DEFAULT 10",
+    "max_workspace": "TEXT NOT NULL DEFAULT '10g'",
+    "agent_runs_per_day": "INTEGER NOT NULL DEFAULT 100",
+    "agent_tokens_per_day": "INTEGER NOT NULL DEFAULT 1000000",
+    "agent_max_iterations": "INTEGER NOT NULL DEFAULT 20",
+    "provider_urls": "TEXT NOT NULL DEFAULT '[]'",
+}
+
+
+class TokenError(ValueError):
+    """A token operation the store refuses (a duplicate name, an unknown token)."""
 
 
 @dataclass(frozen=True)
@@ -42,14 +74,56 @@ class Token:
     name: str
     created: float
     revoked: float | None
-    max_concurrent: int
-    runs_per_minute: int
-    max_memory: str
-    max_timeout: float
+    max_concurrent: int = 4
+    runs_per_minute: int = 120
+    max_memory: str = "1g"
+    max_timeout: float = 300
+    max_sessions: int = 10
+    max_workspace: str = "10g"
+    agent_runs_per_day: int = 100
+    agent_tokens_per_day: int = 1_000_000
+    agent_max_iterations: int = 20
+    #: Provider endpoints this token's agent runs may use (a subset of the server's); () = all listed.
+    provider_urls: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a token's agent runs spent on one UTC day."""
+
+    day: str
+    agent_runs: int = 0
+    agent_iterations: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def model_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+_LIMIT_FIELDS = [f.name for f in dataclasses.fields(Token)][4:]
 
 
 def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def today() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+
+
+def _validate(limits: dict) -> None:
+    for name in ("max_concurrent", "runs_per_minute", "max_sessions", "agent_runs_per_day", "agent_max_iterations"):
+        if int(limits[name]) < 1:
+            raise TokenError(f"{name} must be at least 1")
+    if int(limits["agent_tokens_per_day"]) < 0 or float(limits["max_timeout"]) <= 0:
+        raise TokenError("agent_tokens_per_day must be >= 0 and max_timeout > 0")
+    for name in ("max_memory", "max_workspace"):
+        try:
+            parse_size(limits[name])
+        except ValueError as exc:
+            raise TokenError(f"{name}: {exc}") from None
 
 
 class TokenStore:
@@ -58,45 +132,39 @@ class TokenStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
         self._db.executescript(SCHEMA)
+        have = {row["name"] for row in self._db.execute("PRAGMA table_info(tokens)")}
+        for column, decl in _ADDED_COLUMNS.items():
+            if column not in have:
+                self._db.execute(f"ALTER TABLE tokens ADD COLUMN {column} {decl}")
         self._db.commit()
 
-    def create(
-        self,
-        name: str,
-        *,
-        max_concurrent: int = 4,
-        runs_per_minute: int = 120,
-        max_memory: str = "1g",
-        max_timeout: float = 300,
-    ) -> tuple[str, Token]:
-        """Returns (the secret, shown once; the token's record)."""
+    @staticmethod
+    def _token(row: sqlite3.Row) -> Token:
+        values = {name: row[name] for name in _LIMIT_FIELDS}
+        values["provider_urls"] = tuple(json.loads(values["provider_urls"]))
+        return Token(row["id"], row["name"], row["created"], row["revoked"], **values)
+
+    def create(self, name: str, **limits: object) -> tuple[str, Token]:
+        """Returns (the secret, shown once; the token's record). ``limits`` are Token's fields."""
+        unknown = set(limits) - set(_LIMIT_FIELDS)
+        if unknown:
+            raise TokenError(f"unknown token limits: {', '.join(sorted(unknown))}")
+        name = name.strip()
+        if not name or name.startswith("tok_"):
+            raise TokenError("a token needs a name that does not start with 'tok_'")
+        token = Token("tok_" + secrets.token_hex(6), name, time.time(), None, **limits)  # type: ignore[arg-type]
+        row = dataclasses.asdict(token)
+        _validate(row)
+        row["provider_urls"] = json.dumps(list(token.provider_urls))
         secret = "sl_" + secrets.token_urlsafe(32)
-        token = Token(
-            "tok_" + secrets.token_hex(6),
-            name,
-            time.time(),
-            None,
-            max_concurrent,
-            runs_per_minute,
-            max_memory,
-            max_timeout,
-        )
+        row["hash"] = _hash(secret)
         with self._lock:
-            self._db.execute(
-                "INSERT INTO tokens VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    token.id,
-                    name,
-                    _hash(secret),
-                    token.created,
-                    None,
-                    max_concurrent,
-                    runs_per_minute,
-                    max_memory,
-                    max_timeout,
-                ),
-            )
+            if self._db.execute("SELECT 1 FROM tokens WHERE name = ? AND revoked IS NULL", (name,)).fetchone():
+                raise TokenError(f"an active token is already named {name!r}; revoke it or choose another name")
+            columns = ", ".join(row)
+            self._db.execute(f"INSERT INTO tokens ({columns}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
             self._db.commit()
         return secret, token
 
@@ -104,22 +172,26 @@ class TokenStore:
         digest = _hash(secret)
         with self._lock:
             row = self._db.execute("SELECT * FROM tokens WHERE hash = ?", (digest,)).fetchone()
-        if row is None or not hmac.compare_digest(row[2], digest) or row[4] is not None:
+        if row is None or not hmac.compare_digest(row["hash"], digest) or row["revoked"] is not None:
             return None
-        return Token(row[0], row[1], row[3], row[4], row[5], row[6], row[7], row[8])
+        return self._token(row)
 
     def list(self) -> list[Token]:
         with self._lock:
             rows = self._db.execute("SELECT * FROM tokens ORDER BY created").fetchall()
-        return [Token(r[0], r[1], r[3], r[4], r[5], r[6], r[7], r[8]) for r in rows]
+        return [self._token(r) for r in rows]
 
-    def revoke(self, token_id: str) -> bool:
+    def revoke(self, id_or_name: str) -> Token | None:
+        """Revoke the active token with this id or name; the revoked token, or None if none."""
         with self._lock:
-            cur = self._db.execute(
-                "UPDATE tokens SET revoked = ? WHERE id = ? AND revoked IS NULL", (time.time(), token_id)
-            )
+            row = self._db.execute(
+                "SELECT * FROM tokens WHERE (id = ? OR name = ?) AND revoked IS NULL", (id_or_name, id_or_name)
+            ).fetchone()
+            if row is None:
+                return None
+            self._db.execute("UPDATE tokens SET revoked = ? WHERE id = ?", (time.time(), row["id"]))
             self._db.commit()
-        return cur.rowcount == 1
+        return self._token(row)
 
     # -- which token owns which session -------------------------------------------------------
     def own(self, session_id: str, token_id: str) -> None:
@@ -141,3 +213,29 @@ class TokenStore:
         with self._lock:
             self._db.execute("DELETE FROM session_owners WHERE session_id = ?", (session_id,))
             self._db.commit()
+
+    # -- agent usage per token and UTC day ---------------------------------------------------
+    def usage(self, token_id: str, day: str | None = None) -> Usage:
+        day = day or today()
+        with self._lock:
+            row = self._db.execute("SELECT * FROM usage WHERE token_id = ? AND day = ?", (token_id, day)).fetchone()
+        if row is None:
+            return Usage(day)
+        return Usage(day, row["agent_runs"], row["agent_iterations"], row["input_tokens"], row["output_tokens"])
+
+    def record_usage(
+        self, token_id: str, *, agent_runs: int = 0, iterations: int = 0, input_tokens: int = 0, output_tokens: int = 0
+    ) -> Usage:
+        """Add to today's usage and return the new total."""
+        day = today()
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (token_id, day) DO UPDATE SET "
+                "agent_runs = agent_runs + excluded.agent_runs, "
+                "agent_iterations = agent_iterations + excluded.agent_iterations, "
+                "input_tokens = input_tokens + excluded.input_tokens, "
+                "output_tokens = output_tokens + excluded.output_tokens",
+                (token_id, day, agent_runs, iterations, input_tokens, output_tokens),
+            )
+            self._db.commit()
+        return self.usage(token_id, day)

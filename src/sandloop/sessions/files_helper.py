@@ -25,6 +25,10 @@ class Refused(Exception):
     kind = "refused"
 
 
+class TooBig(Refused):
+    kind = "too_large"
+
+
 class Missing(Exception):
     kind = "not_found"
 
@@ -72,9 +76,9 @@ def op_read(args, data):
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise Refused("%s is not a regular file" % args["path"])
+            raise Refused("%s is not a regular file; list a directory with list_files" % args["path"])
         if st.st_size > args["max_bytes"]:
-            raise Refused(
+            raise TooBig(
                 "%s is %d bytes; the most read_file returns is %d" % (args["path"], st.st_size, args["max_bytes"])
             )
         content = f.read(args["max_bytes"] + 1)
@@ -130,7 +134,7 @@ def op_upload(args, data):
                 check_member(info.filename)
                 total += info.file_size
                 if total > limit:
-                    raise Refused("archive expands past %d bytes: refused" % limit)
+                    raise TooBig("archive expands past %d bytes: refused" % limit)
             for info in infos:
                 target = os.path.join(dest, info.filename)
                 if info.is_dir():
@@ -145,7 +149,7 @@ def op_upload(args, data):
                             break
                         written += len(chunk)
                         if written > info.file_size:  # lying headers
-                            raise Refused("archive member %s expands past its declared size" % info.filename)
+                            raise TooBig("archive member %s expands past its declared size" % info.filename)
                         out.write(chunk)
                 count += 1
         return {"files": count, "bytes": total}
@@ -160,7 +164,7 @@ def op_upload(args, data):
                 )
             total += m.size
             if total > limit:
-                raise Refused("archive expands past %d bytes: refused" % limit)
+                raise TooBig("archive expands past %d bytes: refused" % limit)
             members.append(m)
         for m in members:
             target = os.path.join(dest, m.name)
@@ -193,7 +197,7 @@ def op_download(args, data):
                 if os.path.isfile(full):
                     total += os.path.getsize(full)
                     if total > args["max_bytes"]:
-                        raise Refused("%s holds more than %d bytes; download less at a time" % (rel, args["max_bytes"]))
+                        raise TooBig("%s holds more than %d bytes; download less at a time" % (rel, args["max_bytes"]))
                 tar.add(full, arcname=arc, recursive=False)
     return {"data": base64.b64encode(buf.getvalue()).decode()}
 
@@ -217,7 +221,8 @@ def main():
     except (Refused, Missing) as exc:
         result = {"ok": False, "kind": exc.kind, "error": str(exc)}
     except OSError as exc:
-        kind = "no_space" if exc.errno == 28 else "not_found" if exc.errno == 2 else "os_error"
+        kinds = {28: "no_space", 2: "not_found", 21: "is_directory", 20: "is_directory", 122: "no_space"}
+        kind = kinds.get(exc.errno, "os_error")
         result = {"ok": False, "kind": kind, "error": "%s: %s" % (exc.strerror, header.get("path", ""))}
     sys.stdout.write(json.dumps(result))
 

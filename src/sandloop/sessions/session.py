@@ -33,7 +33,9 @@ from sandloop.contract import (
     PathRefused,
     SandboxError,
     SandboxLimits,
+    TooLarge,
     WorkspaceFileNotFound,
+    WorkspaceFull,
     parse_size,
 )
 from sandloop.images import runtime_image
@@ -78,6 +80,7 @@ class Session:
     ) -> None:
         from sandloop.runner import default_dispatcher
 
+        created_here = _record is None
         self._dispatcher = default_dispatcher()
         self._store = _store or SessionStore(self._dispatcher.backend)
         if _record is None:
@@ -108,6 +111,9 @@ class Session:
         self._record = _record
         self.limits = SandboxLimits(**_record.limits)
         self._closed = False
+        #: ``with`` releases what this call acquired: a session made here is deleted at the end
+        #: of a ``with``; one attached to is only closed (it lives on for others).
+        self._created_here = created_here
         self._kernel = Kernel(
             self._dispatcher.backend,
             self._spec(kernel=True),
@@ -219,15 +225,19 @@ class Session:
             raise WorkspaceFileNotFound(message)
         if kind == "refused":
             raise PathRefused(message)
+        if kind == "too_large":
+            raise TooLarge(message)
+        if kind == "is_directory":
+            raise PathRefused(f"{message} (a directory where a file was expected; list a directory with list_files)")
         if kind == "no_space":
-            raise SandboxError(f"the workspace is full ({self._record.quota_bytes} byte quota): {message}")
+            raise WorkspaceFull(f"the workspace is full ({self._record.quota_bytes} byte quota): {message}")
         raise SandboxError(message)
 
     def write_file(self, path: str, content: bytes | str) -> int:
         rel = check_path(path)
         data = content.encode() if isinstance(content, str) else bytes(content)
         if len(data) > MAX_WRITE_BYTES:
-            raise PathRefused(f"{len(data)} bytes is over the {MAX_WRITE_BYTES}-byte cap for write_file; use upload")
+            raise TooLarge(f"{len(data)} bytes is over the {MAX_WRITE_BYTES}-byte cap for write_file; use upload")
         return int(self._files("write", {"path": rel}, data)["size"])
 
     def read_file(self, path: str) -> bytes:
@@ -251,12 +261,12 @@ class Session:
                 data = _tar_directory(src)
             elif src.is_file():
                 if src.stat().st_size > MAX_UPLOAD_BYTES:
-                    raise PathRefused(f"{src} is over the {MAX_UPLOAD_BYTES}-byte upload cap")
+                    raise TooLarge(f"{src} is over the {MAX_UPLOAD_BYTES}-byte upload cap")
                 data = src.read_bytes()
             else:
                 raise InvalidArgument(f"{source} is neither a directory nor an archive file")
         if len(data) > MAX_UPLOAD_BYTES:
-            raise PathRefused(f"upload of {len(data)} bytes is over the {MAX_UPLOAD_BYTES}-byte cap")
+            raise TooLarge(f"upload of {len(data)} bytes is over the {MAX_UPLOAD_BYTES}-byte cap")
         limit = self._record.quota_bytes
         _check_archive(data, limit)
         reply = self._files("upload", {"dest": check_path(dest), "max_expanded": limit}, data)
@@ -287,7 +297,10 @@ class Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.delete()
+        if self._created_here:
+            self.delete()
+        else:
+            self.close()
 
     def __repr__(self) -> str:
         return f"Session({self.id!r})"
@@ -302,7 +315,7 @@ def _tar_directory(src: Path) -> bytes:
                 continue
             total += path.stat().st_size if path.is_file() else 0
             if total > MAX_UPLOAD_BYTES:
-                raise PathRefused(f"{src} holds more than {MAX_UPLOAD_BYTES} bytes; upload less at a time")
+                raise TooLarge(f"{src} holds more than {MAX_UPLOAD_BYTES} bytes; upload less at a time")
             tar.add(path, arcname=str(path.relative_to(src)), recursive=False)
     return buf.getvalue()
 
@@ -318,7 +331,7 @@ def _check_archive(data: bytes, limit: int) -> None:
                 for info in z.infolist():
                     total += info.file_size
                     if total > limit:
-                        raise PathRefused(f"archive expands to more than the workspace quota ({limit} bytes): refused")
+                        raise TooLarge(f"archive expands to more than the workspace quota ({limit} bytes): refused")
         except zipfile.BadZipFile as exc:
             raise InvalidArgument(f"not a valid zip archive: {exc}") from None
         return
@@ -327,6 +340,6 @@ def _check_archive(data: bytes, limit: int) -> None:
             for member in tar:
                 total += member.size
                 if total > limit:
-                    raise PathRefused(f"archive expands to more than the workspace quota ({limit} bytes): refused")
+                    raise TooLarge(f"archive expands to more than the workspace quota ({limit} bytes): refused")
     except tarfile.TarError as exc:
         raise InvalidArgument(f"not a tar, tar.gz or zip archive: {exc}") from None

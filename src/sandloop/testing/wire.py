@@ -85,6 +85,11 @@ class FakeProviderServer:
             return reply
         return 200, reply
 
+    def queue(self, *replies: Reply) -> None:
+        """Add replies to the script (a server started once can serve several tests)."""
+        with self._lock:
+            self._replies.extend(replies)
+
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]

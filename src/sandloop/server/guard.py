@@ -1,0 +1,151 @@
+"""The first thing every HTTP request meets (ASGI middleware, outside the routes).
+
+In this order, before any route, dependency or JSON parser sees the request:
+
+1. the body cap for the route: a declared ``Content-Length`` over it is refused (413) unread; a
+   body without one (chunked) is counted while it streams in and refused the moment it passes
+   the cap, so nothing larger than the cap is ever held in memory;
+2. authentication of protected paths from the ``Authorization`` header alone: a request without
+   a valid token is refused (401) before a byte of its body is read; the token is handed on in
+   ``scope["state"]["token"]``;
+3. security headers on every response (CSP, ``X-Frame-Options``, ``nosniff``, no referrer).
+
+Used by the HTTP API and by MCP's streamable HTTP transport, with the same token store.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sandloop.server.tokens import Token, TokenStore
+
+SECURITY_HEADERS = [
+    # Scripts, styles and fonts only from this origin (the playground and /docs serve their own
+    # assets); inline styles are allowed for the editor and Swagger UI's generated markup.
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+        b"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    ),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _json(status: int, code: str, message: str, headers: list[tuple[bytes, bytes]] = ()) -> list[Message]:
+    body = json.dumps({"code": code, "message": message}).encode()
+    return [
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+                *SECURITY_HEADERS,
+            ],
+        },
+        {"type": "http.response.body", "body": body},
+    ]
+
+
+def bearer_token(tokens: TokenStore, authorization: str) -> Token | str:
+    """The token a header names, or the reason it is refused."""
+    scheme, _, secret = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        return "send Authorization: Bearer <token> (create one with `sandloop tokens create NAME`)"
+    token = tokens.verify(secret.strip())
+    return token if token is not None else "unknown or revoked token"
+
+
+class RequestGuard:
+    """``RequestGuard(app, tokens, body_cap=..., protected=...)``.
+
+    ``body_cap(method, path)`` gives the largest body a route accepts; ``protected(path)`` says
+    whether it needs a token.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        tokens: TokenStore,
+        *,
+        body_cap: Callable[[str, str], int],
+        protected: Callable[[str], bool],
+        on_reject: Callable[[str], Any] | None = None,
+    ) -> None:
+        self.app, self.tokens, self.body_cap, self.protected = app, tokens, body_cap, protected
+        self.on_reject = on_reject or (lambda code: None)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method, path = scope["method"], scope["path"]
+        headers = {k.lower(): v for k, v in scope["headers"]}
+        cap = self.body_cap(method, path)
+
+        async def refuse(status: int, code: str, message: str, extra: list[tuple[bytes, bytes]] = ()) -> None:
+            self.on_reject(code)
+            for message_ in _json(status, code, message, extra):
+                await send(message_)
+
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await refuse(400, "invalid_request", "Content-Length must be a number of bytes")
+                return
+            if int(declared) > cap:
+                await refuse(413, "too_large", f"this route accepts bodies up to {cap} bytes")
+                return
+        if self.protected(path):
+            found = bearer_token(self.tokens, headers.get(b"authorization", b"").decode("latin-1"))
+            if isinstance(found, str):
+                await refuse(401, "unauthorized", found, [(b"www-authenticate", b"Bearer")])
+                return
+            scope.setdefault("state", {})["token"] = found
+
+        received = 0
+        started = rejected = False
+
+        async def counted_receive() -> Message:
+            nonlocal received, rejected
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > cap:
+                    if not started:
+                        # Answer now: the app turns a failed body read into its own 400, which
+                        # is dropped below, as is everything else it sends after this.
+                        await refuse(413, "too_large", f"this route accepts bodies up to {cap} bytes")
+                        rejected = True
+                    raise _BodyTooLarge
+            return message
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal started
+            if rejected:
+                return
+            if message["type"] == "http.response.start":
+                started = True
+                present = {k.lower() for k, _ in message.get("headers", [])}
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), *(h for h in SECURITY_HEADERS if h[0] not in present)],
+                }
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, send_with_headers)
+        except Exception:
+            if not rejected:
+                raise

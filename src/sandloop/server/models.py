@@ -1,0 +1,82 @@
+"""The HTTP API's request bodies. Unknown fields are refused (a typo must not pass silently), and
+every size and number is bounded here, before the core sees it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Longest code or stdin in a JSON body, in characters.
+MAX_CODE_CHARS = 1_000_000
+#: Largest file body on PUT /v1/sessions/{id}/files/{path}.
+MAX_FILE_BYTES = 16 * 1024 * 1024
+#: Largest JSON body: code and stdin at their caps, 4 bytes a character in UTF-8, plus 2 MiB.
+MAX_JSON_BYTES = 2 * 4 * MAX_CODE_CHARS + 2 * 1024 * 1024
+
+SIZE_PATTERN = r"^\s*\d+\s*[bkmgBKMG]?[bB]?\s*$"
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LimitsIn(_In):
+    """The limits a caller may ask for, within its token's ceilings. No network over the API.
+    Left out, memory is 256m (or the token's ceiling, if lower)."""
+
+    memory: str | None = Field(None, pattern=SIZE_PATTERN, max_length=20)
+    cpus: float = Field(0.5, gt=0, le=2, allow_inf_nan=False)
+    pids: int = Field(64, ge=8, le=1024)
+    runtime: Literal["runc", "runsc"] = "runc"
+
+
+_TIMEOUT = Field(
+    None,
+    gt=0,
+    le=3600,
+    allow_inf_nan=False,
+    description="Seconds; left out, 30 (or the token's ceiling, if lower).",
+)
+
+
+class RunIn(_In):
+    code: str = Field(max_length=MAX_CODE_CHARS)
+    language: str = "python"
+    timeout_seconds: float | None = _TIMEOUT
+    stdin: str | None = Field(None, max_length=MAX_CODE_CHARS)
+    limits: LimitsIn = Field(default_factory=LimitsIn)
+
+
+class SessionRunIn(_In):
+    """A run in a session uses the session's limits, fixed when it was created."""
+
+    code: str = Field(max_length=MAX_CODE_CHARS)
+    language: str = "python"
+    timeout_seconds: float | None = _TIMEOUT
+    stdin: str | None = Field(None, max_length=MAX_CODE_CHARS)
+
+
+class CellIn(_In):
+    code: str = Field(max_length=MAX_CODE_CHARS)
+    timeout_seconds: float | None = _TIMEOUT
+
+
+class SessionIn(_In):
+    ttl_seconds: float = Field(3600, ge=10, le=7 * 86400, allow_inf_nan=False)
+    quota: str = Field("256m", pattern=SIZE_PATTERN, max_length=20)
+    limits: LimitsIn = Field(default_factory=LimitsIn)
+
+
+class AgentRunIn(_In):
+    task: str = Field(min_length=1, max_length=100_000)
+    provider: Literal["anthropic", "openai"] = "anthropic"
+    model: str | None = Field(None, min_length=1, max_length=200, description="Left out: the provider's default.")
+    #: One of the endpoints the operator listed for this provider (`serve --provider-url`);
+    #: left out, the first listed. Any other URL is refused (403) and never contacted.
+    base_url: str | None = Field(None, max_length=2000)
+    max_iterations: int | None = Field(None, ge=1, le=50, description="Left out: 10 (or the token's ceiling).")
+    timeout_seconds: float | None = Field(
+        None, gt=0, le=300, allow_inf_nan=False, description="Per sandbox run; left out, 30 (or the token's ceiling)."
+    )
+    limits: LimitsIn = Field(default_factory=LimitsIn)

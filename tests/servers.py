@@ -1,0 +1,82 @@
+"""Real servers on loopback for tests: uvicorn in a thread, or ``sandloop serve`` in a subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_in_thread(app) -> Iterator[str]:
+    """``app`` under a real uvicorn on 127.0.0.1; yields its base URL."""
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.started, "uvicorn did not start within 30 s"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, patience: float = 60) -> None:
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the server exited: {proc.stderr.read().decode() if proc.stderr else ''}"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listened on port {port} within {patience} s")
+
+
+@contextlib.contextmanager
+def sandloop_process(
+    *args: str, home: Path, env: dict[str, str] | None = None
+) -> Iterator[tuple[int, subprocess.Popen]]:
+    """``sandloop ARGS --port P`` as a subprocess with its own SANDLOOP_HOME; yields (port, process)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandloop", *args, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "SANDLOOP_HOME": str(home), **(env or {})},
+    )
+    try:
+        wait_for_port(port, proc)
+        yield port, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
