@@ -46,6 +46,14 @@ def use_dispatcher(dispatcher: Dispatcher | None) -> Dispatcher | None:
     return old
 
 
+def shutdown() -> None:
+    """Close the process-wide dispatcher, if any: its warm sandboxes are removed now rather than
+    left for the reaper. A long-running front end calls this when it stops."""
+    old = use_dispatcher(None)
+    if old is not None:
+        old.close()
+
+
 def configure(settings: Settings | None = None, backend: Any = None) -> Dispatcher:
     """Replace the process-wide dispatcher (closing the old one): other settings or another engine."""
     global _dispatcher

@@ -7,6 +7,9 @@ sandbox itself failed (no engine, no image, bad arguments); 2 for usage errors.
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import stat
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -51,9 +54,52 @@ def _fail(message: str, code: int = EXIT_SANDBOX) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _program(file: Path | None, code: str | None, language: str | None) -> tuple[str, str, bool]:
+    """One rule for every command that takes a program (`run`, `session run`, `session cell`):
+    `-c CODE` is inline code; otherwise FILE is read, and '-' or no FILE reads the program from
+    stdin. Returns (code, language, whether stdin was used for the program)."""
+    if code is not None:
+        if file is not None:
+            raise _fail("give a FILE or -c CODE, not both", 2)
+        return code, language or "python", False
+    if file is None or str(file) == "-":
+        return sys.stdin.read(), language or "python", True
+    if not file.is_file():
+        hint = f"; to run inline code, use -c {shlex.quote(str(file))}" if not file.exists() else " (not a file)"
+        raise _fail(f"cannot read program {file}{hint}", 2)
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"cannot read program {file}: {getattr(exc, 'strerror', None) or exc}", 2) from None
+    return text, language or _EXTENSIONS.get(file.suffix.lower()) or "python", False
+
+
+def _program_stdin(input_file: Path | None, stdin_taken: bool) -> bytes | None:
+    """The program's stdin: --stdin FILE, else what is piped or redirected into us (never a
+    terminal), unless the program itself came from stdin."""
+    if input_file is not None:
+        try:
+            return input_file.read_bytes()
+        except OSError as exc:
+            raise _fail(f"cannot read {input_file}: {exc.strerror}", 2) from None
+    if stdin_taken:
+        return None
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return None
+    if stat.S_ISFIFO(mode) or stat.S_ISREG(mode):
+        return sys.stdin.buffer.read()
+    return None
+
+
+_CODE_OPTION = typer.Option("-c", "--code", help="Inline code instead of a FILE (as python -c).")
+
+
 @app.command()
 def run(
     file: Annotated[Path | None, typer.Argument(help="Program to run; '-' or nothing reads it from stdin.")] = None,
+    code: Annotated[str | None, _CODE_OPTION] = None,
     language: Annotated[
         str | None,
         typer.Option("-l", "--language", help="python, node, bash (default: from the file extension, else python)."),
@@ -70,7 +116,9 @@ def run(
     input_file: Annotated[
         Path | None,
         typer.Option(
-            "--stdin", help="File whose content is the program's stdin (when the program itself comes from a file)."
+            "--stdin",
+            help="File whose content is the program's stdin. Without it, what is piped into sandloop is the "
+            "program's stdin, unless the program itself came from stdin.",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole result as JSON on stdout.")] = False,
@@ -81,27 +129,14 @@ def run(
 
     configure(Settings(pool_size=0))  # one run per process: a warm pool would only cost containers
 
-    if file is None or str(file) == "-":
-        code = sys.stdin.read()
-        stdin_data = None
-    else:
-        try:
-            code = file.read_text()
-        except OSError as exc:
-            raise _fail(f"cannot read {file}: {exc.strerror}", 2) from None
-        stdin_data = None
-    if input_file is not None:
-        try:
-            stdin_data = input_file.read_bytes()
-        except OSError as exc:
-            raise _fail(f"cannot read {input_file}: {exc.strerror}", 2) from None
-    lang = language or (_EXTENSIONS.get(file.suffix.lower()) if file is not None else None) or "python"
+    source, lang, stdin_taken = _program(file, code, language)
+    stdin_data = _program_stdin(input_file, stdin_taken)
     try:
         limits = SandboxLimits(memory=memory, cpus=cpus, network=network, runtime=runtime)
-        result = run_code(code, lang, timeout, limits=limits, stdin=stdin_data)
+        result = run_code(source, lang, timeout, limits=limits, stdin=stdin_data)
     except SandboxError as exc:
         if as_json:
-            print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+            print(json.dumps({"code": exc.code, "message": str(exc)}))
         raise _fail(str(exc)) from None
     _print_result(result, as_json)
     raise _exit_for(result)
@@ -327,12 +362,16 @@ def _session(session_id: str):
 
 def _print_result(result, as_json: bool) -> None:
     """The program's streams to ours (or the whole result as JSON); the sandbox's notes on stderr."""
+    from sandloop.present import result_json, stream_bytes
+
     if as_json:
-        print(result.model_dump_json(indent=2, exclude={"artifacts"}))
+        body = result_json(result)
+        body.pop("artifacts", None)  # saved as files by `session cell`, not printed
+        print(json.dumps(body, indent=2))
         return
-    sys.stdout.write(result.stdout)
+    sys.stdout.buffer.write(stream_bytes(result, "stdout"))
     sys.stdout.flush()
-    sys.stderr.write(result.stderr)
+    sys.stderr.buffer.write(stream_bytes(result, "stderr"))
     sys.stderr.flush()
     for note in sandbox_notes(result):
         if not note.startswith("the program ran and printed nothing"):
@@ -383,16 +422,21 @@ def session_ls() -> None:
 def session_run(
     session_id: Annotated[str, typer.Argument(help="Session id.")],
     file: Annotated[Path | None, typer.Argument(help="Program; '-' or nothing reads stdin.")] = None,
+    code: Annotated[str | None, _CODE_OPTION] = None,
     language: Annotated[str | None, typer.Option("-l", "--language")] = None,
     timeout: Annotated[float, typer.Option("-t", "--timeout")] = 30,
+    input_file: Annotated[
+        Path | None, typer.Option("--stdin", help="File whose content is the program's stdin.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Run a program in a fresh process with the session's workspace as working directory."""
-    code = sys.stdin.read() if file is None or str(file) == "-" else file.read_text()
-    lang = language or (_EXTENSIONS.get(file.suffix.lower()) if file is not None else None) or "python"
+    """Run a program in a fresh process with the session's workspace as working directory:
+    `session run SID script.py`, `session run SID -c 'ls -la' -l bash`."""
+    source, lang, stdin_taken = _program(file, code, language)
+    stdin_data = _program_stdin(input_file, stdin_taken)
     s = _session(session_id)
     try:
-        result = s.run(code, lang, timeout)
+        result = s.run(source, lang, timeout, stdin=stdin_data)
     except SandboxError as exc:
         raise _fail(str(exc)) from None
     finally:
@@ -401,19 +445,33 @@ def session_run(
     raise _exit_for(result)
 
 
+def _free_path(target: Path) -> Path:
+    """``target``, or ``name-2.ext``, ``name-3.ext`` ... if it exists: never overwrite a file."""
+    n = 2
+    free = target
+    while free.exists():
+        free = target.with_name(f"{target.stem}-{n}{target.suffix}")
+        n += 1
+    return free
+
+
 @session_app.command("cell")
 def session_cell(
     session_id: Annotated[str, typer.Argument(help="Session id.")],
-    code: Annotated[str | None, typer.Argument(help="Python; '-' or nothing reads stdin.")] = None,
+    file: Annotated[Path | None, typer.Argument(help="Python file; '-' or nothing reads stdin.")] = None,
+    code: Annotated[str | None, _CODE_OPTION] = None,
     timeout: Annotated[float, typer.Option("-t", "--timeout")] = 30,
-    artifacts_dir: Annotated[Path | None, typer.Option("--artifacts", help="Save charts here.")] = None,
+    artifacts_dir: Annotated[
+        Path | None, typer.Option("--artifacts", help="Save charts into this directory (never overwriting).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Run a cell in the session's stateful interpreter; prints the last expression's value."""
-    text = sys.stdin.read() if code is None or code == "-" else code
+    """Run a cell in the session's stateful interpreter; prints the last expression's value:
+    `session cell SID -c 'df.describe()'`, `session cell SID analysis.py`."""
+    source, _, _ = _program(file, code, "python")
     s = _session(session_id)
     try:
-        result = s.run_cell(text, timeout)
+        result = s.run_cell(source, timeout)
     except SandboxError as exc:
         raise _fail(str(exc)) from None
     finally:
@@ -422,8 +480,11 @@ def session_cell(
     if result.value is not None and not as_json:
         print(result.value)
     for art in result.artifacts:
-        target = (artifacts_dir or Path(".")) / art.name
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if artifacts_dir is None:
+            err.print(f"chart {art.name} ({art.mime_type}, {len(art.data)} bytes) not saved: add --artifacts DIR")
+            continue
+        artifacts_dir.mkdir(parents=True, exist_ok=True)
+        target = _free_path(artifacts_dir / Path(art.name).name)
         target.write_bytes(art.data)
         err.print(f"saved {art.name} ({art.mime_type}, {len(art.data)} bytes) to {target}")
     if result.interpreter_restarted:
@@ -545,8 +606,13 @@ def serve(
         endpoints = ProviderEndpoints(provider_url or [], official=official_providers)
     except EndpointConfigError as exc:
         raise _fail(f"--provider-url {exc}", 2) from None
+    from sandloop.runner import shutdown
+    from sandloop.server.lifecycle import at_shutdown
+
     _warn_if_exposed(host, "the HTTP API")
-    uvicorn.run(create_app(providers=endpoints, metrics_access=metrics), host=host, port=port, log_level="info")
+    # The warm pool's sandboxes go when the server stops, not at the next reap.
+    app_ = at_shutdown(create_app(providers=endpoints, metrics_access=metrics), shutdown)
+    uvicorn.run(app_, host=host, port=port, log_level="info")
 
 
 @app.command()
@@ -572,16 +638,23 @@ def mcp(
         limits = SandboxLimits(runtime=runtime, memory=memory)
     except SandboxError as exc:
         raise _fail(str(exc), 2) from None
-    if transport == "stdio":
-        create_mcp_server(limits).run("stdio")
-        return
-    import uvicorn
+    from sandloop.runner import shutdown
 
-    from sandloop.server.tokens import TokenStore
+    try:
+        if transport == "stdio":
+            create_mcp_server(limits).run("stdio")
+            return
+        import uvicorn
 
-    tokens = TokenStore()
-    _warn_if_exposed(host, "the MCP server")
-    uvicorn.run(http_app(create_mcp_server(limits, tokens), tokens, host=host), host=host, port=port, log_level="info")
+        from sandloop.server.lifecycle import at_shutdown
+        from sandloop.server.tokens import TokenStore
+
+        tokens = TokenStore()
+        _warn_if_exposed(host, "the MCP server")
+        app_ = at_shutdown(http_app(create_mcp_server(limits, tokens), tokens, host=host), shutdown)
+        uvicorn.run(app_, host=host, port=port, log_level="info")
+    finally:
+        shutdown()  # stdio ends by returning; over HTTP the lifespan above already did this
 
 
 @tokens_app.command("create")

@@ -26,6 +26,12 @@ class ExecutionResult(BaseModel):
     stderr_truncated: bool = False
     stdout_dropped_bytes: int = Field(0, description="Bytes of stdout read past the cap and dropped.")
     stderr_dropped_bytes: int = Field(0, description="Bytes of stderr read past the cap and dropped.")
+    stdout_base64: str | None = Field(
+        None, description="The kept stdout bytes, base64, when they are not UTF-8 (stdout shows them with U+FFFD)."
+    )
+    stderr_base64: str | None = Field(
+        None, description="The kept stderr bytes, base64, when they are not UTF-8 (stderr shows them with U+FFFD)."
+    )
     language: str = "python"
     timeout_seconds: float = 30.0
     limits: SandboxLimits = Field(default_factory=SandboxLimits)

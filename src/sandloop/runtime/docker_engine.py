@@ -11,6 +11,7 @@ Docker and requests exceptions are mapped to sandloop's errors in exactly one pl
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import json
@@ -119,6 +120,14 @@ class _CappedStream:
 
     def text(self) -> str:
         return self.data.decode("utf-8", errors="replace")
+
+    def base64_if_binary(self) -> str | None:
+        """The exact bytes, for output that text() could only show with replacement characters."""
+        try:
+            self.data.decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(self.data).decode()
+        return None
 
 
 class _EndWatch:
@@ -388,6 +397,8 @@ class DockerBackend:
         return ExecutionResult(
             stdout=stdout.text(),
             stderr=stderr.text(),
+            stdout_base64=stdout.base64_if_binary(),
+            stderr_base64=stderr.base64_if_binary(),
             exit_code=exit_code,
             duration_seconds=time.monotonic() - started,
             timed_out=not finished,

@@ -10,7 +10,6 @@ workspace ceilings, agent runs against its daily budget (quota.py); agent runs r
 provider endpoints the operator listed (providers.py).
 """
 
-import base64
 import collections
 import threading
 from importlib import resources
@@ -25,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sandloop.contract import SandboxError, SandboxLimits, parse_size
-from sandloop.notes import sandbox_notes
+from sandloop.present import result_json
 from sandloop.server.guard import RequestGuard
 from sandloop.server.models import (
     MAX_FILE_BYTES,
@@ -201,16 +200,6 @@ def create_app(
             if memory > ceiling:
                 raise ApiError(403, "over_token_limit", f"this token may ask for at most {token.max_memory} of memory")
         return SandboxLimits(memory=memory, cpus=wanted.cpus, pids=wanted.pids, runtime=wanted.runtime)
-
-    def result_json(result: Any) -> dict[str, Any]:
-        body = result.model_dump(mode="json", exclude={"artifacts"})
-        body["notes"] = sandbox_notes(result)
-        if hasattr(result, "artifacts"):
-            body["artifacts"] = [
-                {"name": a.name, "mime_type": a.mime_type, "data_base64": base64.b64encode(a.data).decode()}
-                for a in result.artifacts
-            ]
-        return body
 
     def owned(token: Token, session_id: str) -> Session:
         if store.owner_of(session_id) != token.id:  # someone else's and nonexistent look the same

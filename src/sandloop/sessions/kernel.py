@@ -125,6 +125,8 @@ class Kernel:
             return CellResult(
                 stdout=stdout.text(),
                 stderr=stderr.text(),
+                stdout_base64=stdout.base64_if_binary(),
+                stderr_base64=stderr.base64_if_binary(),
                 exit_code=exit_code,
                 duration_seconds=time.monotonic() - started,
                 timed_out=timed_out,
