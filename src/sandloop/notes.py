@@ -33,7 +33,20 @@ def sandbox_notes(result: ExecutionResult) -> list[str]:
     """Notes explaining every way the sandbox shaped this result; empty when it did not."""
     limits = result.limits
     notes: list[str] = []
-    if result.timed_out:
+    restarted = getattr(result, "interpreter_restarted", None)
+    if result.timed_out and restarted is False:
+        notes.append(
+            f"timed out: the cell was interrupted (KeyboardInterrupt) after {result.timeout_seconds:g} s; "
+            "the interpreter and its variables are kept. Make the cell faster, split the work over "
+            "several cells, or ask for a longer timeout."
+        )
+    elif result.timed_out and restarted:
+        notes.append(
+            f"timed out: the cell ran past {result.timeout_seconds:g} s and did not stop when interrupted, "
+            "so the interpreter was restarted and its variables are gone. Make the cell faster or "
+            "ask for a longer timeout."
+        )
+    elif result.timed_out:
         notes.append(
             f"timed out: the sandbox killed the program after {result.timeout_seconds:g} s of wall "
             "clock time. Make it faster (less work, smaller inputs, no waiting on input), print "
@@ -48,6 +61,12 @@ def sandbox_notes(result: ExecutionResult) -> list[str]:
         notes.append(
             f"exit_code: 137 — killed by the sandbox (SIGKILL): {cause}. Process less data at a "
             "time, or stream instead of building the whole result in memory."
+        )
+    omitted = getattr(result, "value_omitted_chars", 0)
+    if omitted:
+        notes.append(
+            f"value cut: its repr is {omitted:,} characters longer than what is shown. Show a "
+            "summary (len(), .head(), .describe()) or slice it."
         )
     for name, truncated, dropped in (
         ("stdout", result.stdout_truncated, result.stdout_dropped_bytes),

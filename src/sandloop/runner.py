@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from sandloop import languages
@@ -97,6 +98,7 @@ def build_request(
     *,
     limits: SandboxLimits | None = None,
     stdin: str | bytes | None = None,
+    on_output: Callable[[str, bytes], None] | None = None,
 ) -> RunRequest:
     """Validate ``run_code``'s arguments into a ``RunRequest`` (raises ``SandboxError`` subclasses)."""
     if limits is None:
@@ -111,6 +113,7 @@ def build_request(
         timeout_seconds=check_timeout(timeout_seconds),
         limits=limits,
         stdin=_as_bytes(stdin, "stdin", MAX_STDIN_BYTES),
+        on_output=on_output,
     )
 
 
@@ -121,11 +124,13 @@ def run_code(
     *,
     limits: SandboxLimits | None = None,
     stdin: str | bytes | None = None,
+    on_output: Callable[[str, bytes], None] | None = None,
 ) -> ExecutionResult:
     """Run ``code`` once in a fresh, hardened, throwaway sandbox and return what happened.
 
     Code failing (syntax error, non-zero exit, timeout, OOM kill) is a populated
     ``ExecutionResult``. Only the sandbox failing raises ``SandboxError``. Thread-safe.
+    ``on_output("stdout" | "stderr", data)`` sees output as it arrives (what the result keeps).
     """
-    request = build_request(code, language, timeout_seconds, limits=limits, stdin=stdin)
+    request = build_request(code, language, timeout_seconds, limits=limits, stdin=stdin, on_output=on_output)
     return default_dispatcher().run(request)

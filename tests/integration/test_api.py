@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import base64
+import io
+import os
 import socket
 import statistics
+import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -321,5 +324,65 @@ def test_errors_get_their_status_from_the_code_not_the_message(alice):
         r = alice.get(f"/v1/sessions/{sid}/files")
         assert "big1" not in [e["name"] for e in r.json()]  # nothing half-written is left
         assert not [e for e in r.json() if "sandloop-tmp" in e["name"]]
+    finally:
+        alice.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_run_streams_its_output_as_it_comes(alice):
+    import json as _json
+
+    code = (
+        "import sys, time\nfor i in range(3):\n    print(i, flush=True); time.sleep(0.3)\nprint('é', file=sys.stderr)"
+    )
+    events, arrival = [], []
+    with alice.stream("POST", "/v1/runs", json={"code": code, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        kind = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                events.append((kind, _json.loads(line[6:])))
+                arrival.append(time.monotonic())
+    kinds = [k for k, _ in events]
+    assert kinds[-1] == "result" and kinds.count("stdout") >= 2, kinds  # not one block at the end
+    streamed = "".join(d["text"] for k, d in events if k == "stdout")
+    result = events[-1][1]
+    assert streamed == result["stdout"] == "0\n1\n2\n" and result["stderr"] == "é\n" and result["ok"]
+    first_out = arrival[kinds.index("stdout")]
+    assert arrival[-1] - first_out > 0.4  # the first line came well before the end
+    r = alice.post("/v1/runs", json={"code": "x", "language": "cobol", "stream": True})
+    assert r.status_code == 200 and "event: error" in r.text and "unknown_language" in r.text
+
+
+def test_archives_in_and_out_land_whole_or_not_at_all(alice):
+    def tar_of(files: dict[str, bytes]) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    sid = alice.post("/v1/sessions", json={"ttl_seconds": 300, "quota": "8m"}).json()["id"]
+    try:
+        r = alice.post(f"/v1/sessions/{sid}/archive", params={"dest": "in"}, content=tar_of({"a/b.txt": b"hello"}))
+        assert r.status_code == 200 and r.json() == {"files": 1, "bytes": 5}, r.text
+        r = alice.get(f"/v1/sessions/{sid}/archive", params={"path": "in"})
+        assert r.status_code == 200 and r.headers["content-type"] == "application/gzip"
+        with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
+            assert tar.extractfile("in/a/b.txt").read() == b"hello"
+        bomb = tar_of({"big": b"\0" * (9 * 1024 * 1024)})
+        r = alice.post(f"/v1/sessions/{sid}/archive", content=bomb)
+        assert (r.status_code, r.json()["code"]) == (413, "too_large"), r.text
+        # fits the declared-size check, but not the disk: 3 x 2.5 MB into what is left of 8m
+        parts = {f"part{i}": os.urandom(2_600_000) for i in range(3)}
+        r = alice.post(f"/v1/sessions/{sid}/archive", params={"dest": "many"}, content=tar_of(parts))
+        assert r.status_code == 507 and r.json()["code"] == "workspace_full", r.text
+        names = [e["name"] for e in alice.get(f"/v1/sessions/{sid}/files").json()]
+        assert "many" not in names and names == ["in"], names  # nothing half-written
+        r = alice.post(f"/v1/sessions/{sid}/archive", content=b"not an archive")
+        assert (r.status_code, r.json()["code"]) == (400, "invalid_argument")
     finally:
         alice.delete(f"/v1/sessions/{sid}")

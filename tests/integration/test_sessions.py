@@ -64,6 +64,29 @@ def test_cell_timeout_interrupts_and_keeps_state(session):
     assert session.run_cell("kept").value == "'yes'"
 
 
+def test_a_threads_late_output_shows_with_the_next_cell(session):
+    """Before: bytes waiting between cells read as a dead connection and were dropped."""
+    start = (
+        "import threading, time\nev = threading.Event()\n"
+        "t = threading.Thread(target=lambda: (ev.wait(), time.sleep(0.3), print('late', flush=True)))\nt.start()"
+    )
+    assert session.run_cell(start).ok
+    second = session.run_cell("ev.set()")
+    time.sleep(1)  # not waiting for state: this is the gap between cells in which the thread prints
+    third = session.run_cell("t.join(); 'joined'")
+    assert (second.stdout + third.stdout).count("late\n") == 1, (second.stdout, third.stdout)
+    assert third.value == "'joined'"
+
+
+def test_a_long_value_says_it_was_cut(session):
+    from sandloop.notes import sandbox_notes
+
+    r = session.run_cell("'x' * 30000")
+    assert r.value_omitted_chars == 10002 and len(r.value) < 20100
+    assert any("value cut" in n for n in sandbox_notes(r))
+    assert session.run_cell("'short'").value_omitted_chars == 0
+
+
 def test_cell_oom_restarts_the_interpreter_and_says_so(runtime):
     with Session.create(limits=SandboxLimits(runtime=runtime, memory="128m"), ttl=600, quota="16m") as s:
         s.run_cell("kept = 1")
@@ -212,7 +235,9 @@ def test_ttl_expiry_removes_session_and_workspace():
     from sandloop.runner import default_dispatcher
 
     store = SessionStore(default_dispatcher().backend)
-    assert sid in store.reap_expired()
+    # Any process on this machine may reap it first (another suite sharing SANDLOOP_HOME did):
+    # what matters is that it is gone, with everything it had.
+    assert sid in store.reap_expired() or not (store.root / sid).exists()
     with pytest.raises(SessionNotFound):
         Session.attach(sid)
     client = docker.from_env()

@@ -1,4 +1,5 @@
 from sandloop import ExecutionResult, SandboxLimits
+from sandloop.contract import CellResult
 from sandloop.notes import sandbox_notes
 
 
@@ -52,3 +53,19 @@ def test_a_cell_that_shows_a_value_or_chart_is_not_silent():
     art = Artifact(name="figure-1.png", mime_type="image/png", data=b"\x89PNG")
     assert sandbox_notes(CellResult(exit_code=0, duration_seconds=0.1, artifacts=[art])) == []
     assert "printed nothing" in sandbox_notes(CellResult(exit_code=0, duration_seconds=0.1))[0]
+
+
+def test_a_cell_interrupted_for_time_keeps_its_interpreter_and_says_so():
+    kept = sandbox_notes(CellResult(exit_code=-1, timed_out=True, duration_seconds=1, timeout_seconds=5))
+    assert "interrupted" in kept[0] and "variables are kept" in kept[0] and "killed" not in kept[0]
+    gone = sandbox_notes(
+        CellResult(exit_code=-1, timed_out=True, interpreter_restarted=True, duration_seconds=9, timeout_seconds=5)
+    )
+    assert "restarted" in gone[0] and "variables are gone" in gone[0]
+    run = sandbox_notes(ExecutionResult(exit_code=-1, timed_out=True, duration_seconds=5, timeout_seconds=5))
+    assert "killed the program" in run[0]
+
+
+def test_a_cut_value_is_explained():
+    notes = sandbox_notes(CellResult(exit_code=0, duration_seconds=0.1, value="'xx...", value_omitted_chars=500))
+    assert any("value cut" in n and "500" in n for n in notes)

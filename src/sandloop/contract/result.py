@@ -58,6 +58,8 @@ class CellResult(ExecutionResult):
 
     #: ``repr`` of the cell's last expression, like a notebook's Out[n]; None when there is none.
     value: str | None = None
+    #: The repr was longer than the kernel shows (20,000 characters) and was cut; this many were omitted.
+    value_omitted_chars: int = 0
     artifacts: list[Artifact] = Field(default_factory=list)
     #: The interpreter had to be killed (OOM, or it ignored the interrupt): its state is gone and
     #: the next cell starts a fresh one.

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sandloop.contract import ExecutionResult, SandboxLimits
@@ -42,6 +43,9 @@ class RunRequest:
     cwd: str = "/tmp"
     volumes: tuple[tuple[str, str], ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
+    #: Called with ("stdout" | "stderr", bytes) as output arrives (only the bytes kept under the
+    #: cap), from the thread running the request; it must not block for long.
+    on_output: Callable[[str, bytes], None] | None = field(default=None, compare=False)
 
     @property
     def spec(self) -> SandboxSpec:

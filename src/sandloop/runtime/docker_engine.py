@@ -103,18 +103,23 @@ def engine_errors(image: str | None = None, runtime: str | None = None) -> Itera
 class _CappedStream:
     """Keeps the first ``limit`` bytes of a stream and counts the rest, never storing it."""
 
-    __slots__ = ("data", "dropped", "limit")
+    __slots__ = ("data", "dropped", "limit", "on_kept")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_kept: Any = None) -> None:
         self.limit = limit
         self.data = bytearray()
         self.dropped = 0
+        #: Called with each piece of kept output as it arrives (streaming to a caller).
+        self.on_kept = on_kept
 
     def feed(self, chunk: bytes | memoryview) -> None:
         room = self.limit - len(self.data)
         if room > 0:
-            self.data += chunk[:room]
+            kept = bytes(chunk[:room])
+            self.data += kept
             self.dropped += max(0, len(chunk) - room)
+            if self.on_kept is not None and kept:
+                self.on_kept(kept)
         else:
             self.dropped += len(chunk)
 
@@ -142,10 +147,15 @@ class _EndWatch:
         self.held = b""
         self.status: int | None = None
         self.payload = b""
+        #: Output after the end line (a thread still printing). A one-shot run drops it with its
+        #: sandbox; a session's interpreter shows it with the next cell (``_Demuxer.reset``).
+        self.after = bytearray()
 
     def feed(self, chunk: bytes | memoryview) -> None:
         if self.status is not None:
-            return  # output after the end line belongs to stragglers; the run is over
+            if len(self.after) < self.sink.limit:
+                self.after += chunk[: self.sink.limit - len(self.after)]
+            return
         if self.marker is None:
             self.sink.feed(chunk)
             return
@@ -164,6 +174,9 @@ class _EndWatch:
                 self.payload = payload
             except ValueError:
                 self.sink.feed(data[at : end + 1])  # not ours after all
+                self.feed(data[end + 1 :])
+                return
+            self.feed(data[end + 1 :])  # kept in self.after
             return
         cut = max(0, len(data) - (len(self.marker) - 1))
         nul = data.find(b"\0", cut)
@@ -202,8 +215,13 @@ class _Demuxer:
         return self._watches[1].payload
 
     def reset(self, stdout: _CappedStream, stderr: _CappedStream, marker: bytes) -> None:
-        """Watch for the next end line on the same connection (keeps the frame parser's state)."""
+        """Watch for the next end line on the same connection (keeps the frame parser's state).
+        Output that came after the previous end line goes to the new sinks first."""
+        old = self._watches
         self._watches = {1: _EndWatch(stdout, marker), 2: _EndWatch(stderr, marker)}
+        for fd, watch in old.items():
+            if watch.after:
+                self._watches[fd].feed(bytes(watch.after))
 
     def feed(self, data: bytes) -> None:
         view = memoryview(data)
@@ -373,8 +391,9 @@ class DockerBackend:
         deadline = time.monotonic() + request.timeout_seconds
         nonce = secrets.token_hex(8)
         sandbox.writer = self._send(sock, request.payload(nonce))
-        stdout = _CappedStream(limits.output_limit)
-        stderr = _CappedStream(limits.output_limit)
+        emit = request.on_output
+        stdout = _CappedStream(limits.output_limit, emit and functools.partial(emit, "stdout"))
+        stderr = _CappedStream(limits.output_limit, emit and functools.partial(emit, "stderr"))
         demux = _Demuxer(stdout, stderr, EXIT_MARKER + nonce.encode() + b":")
         finished = self._pump(sock, deadline, demux)
         demux.flush()

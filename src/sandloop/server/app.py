@@ -27,6 +27,7 @@ from sandloop.contract import SandboxError, SandboxLimits, parse_size
 from sandloop.present import result_json
 from sandloop.server.guard import RequestGuard
 from sandloop.server.models import (
+    MAX_ARCHIVE_BYTES,
     MAX_FILE_BYTES,
     MAX_JSON_BYTES,
     AgentRunIn,
@@ -97,6 +98,10 @@ def _is_file_put(method: str, path: str) -> bool:
     return method == "PUT" and path.startswith("/v1/sessions/") and "/files/" in path
 
 
+def _is_archive_post(method: str, path: str) -> bool:
+    return method == "POST" and path.startswith("/v1/sessions/") and path.endswith("/archive")
+
+
 def create_app(
     tokens: TokenStore | None = None,
     *,
@@ -129,6 +134,8 @@ def create_app(
     def body_cap(method: str, path: str) -> int:
         if _is_file_put(method, path):
             return MAX_FILE_BYTES
+        if _is_archive_post(method, path):
+            return MAX_ARCHIVE_BYTES
         return MAX_JSON_BYTES if method in ("POST", "PUT", "PATCH") else _SMALL_BODY
 
     app.add_middleware(RequestGuard, tokens=store, body_cap=body_cap, protected=protected, on_reject=metrics.reject)
@@ -216,6 +223,40 @@ def create_app(
             finally:
                 s.close()
 
+    def sse_from_thread(work: Any, release: Any) -> StreamingResponse:
+        """Run ``work(emit)`` in a worker thread and stream each ``emit(kind, data)`` as a
+        server-sent event; ``release()`` runs when the work ends, whatever happened."""
+        import asyncio
+        import json
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
+
+        def emit(kind: str, data: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, data))
+
+        def run() -> None:
+            try:
+                work(emit)
+            except SandboxError as exc:
+                emit("error", {"code": error_for(exc).code, "message": str(exc)})
+            except Exception as exc:  # noqa: BLE001 - reported to the client, not raised into the server
+                emit("error", {"code": "internal", "message": f"{type(exc).__name__}: {exc}"})
+            finally:
+                release()
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        async def stream():
+            worker = asyncio.ensure_future(run_in_threadpool(run))
+            try:
+                while (item := await queue.get()) is not None:
+                    kind, data = item
+                    yield f"event: {kind}\ndata: {json.dumps(data, default=str)}\n\n"
+            finally:
+                await worker
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
     def count(result: Any) -> dict[str, Any]:
         metrics.run("timeout" if result.timed_out else "ok" if result.ok else "error", result.duration_seconds)
         return result_json(result)
@@ -269,10 +310,31 @@ def create_app(
         return "\n".join(lines) + "\n"
 
     # -- runs -----------------------------------------------------------------------------------
-    @app.post("/v1/runs")
-    async def create_run(body: RunIn, token: Auth) -> dict[str, Any]:
+    @app.post("/v1/runs", response_model=None)
+    async def create_run(body: RunIn, token: Auth) -> dict[str, Any] | StreamingResponse:
+        """Run code once in a fresh sandbox. With ``stream: true`` the answer is server-sent
+        events: output as it arrives, then the result."""
         limits = limits_for(token, body.limits)
         timeout = clamp_timeout(token, body.timeout_seconds)
+        if body.stream:
+            import codecs
+
+            rates.enter(token)
+
+            def work(emit: Any) -> None:
+                decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
+
+                def on_output(stream: str, data: bytes) -> None:
+                    text = decoders[stream].decode(data)
+                    if text:
+                        emit(stream, {"text": text})
+
+                result = run_code(
+                    body.code, body.language, timeout, limits=limits, stdin=body.stdin, on_output=on_output
+                )
+                emit("result", count(result))
+
+            return sse_from_thread(work, lambda: rates.leave(token))
         with rates.use(token):  # 429s are decided here, before any thread is taken
             result = await run_in_threadpool(
                 run_code, body.code, body.language, timeout, limits=limits, stdin=body.stdin
@@ -301,9 +363,7 @@ def create_app(
         """Run the agent loop; its transcript streams as server-sent events (assistant,
         tool_call, tool_result, then done with the answer, or error). The model endpoint is one
         the operator listed (``base_url`` picks among them; any other is refused, 403)."""
-        import asyncio
         import dataclasses
-        import json
 
         from sandloop.agent import run_agent
         from sandloop.agent.providers import DEFAULT_MODELS, make_client
@@ -328,70 +388,48 @@ def create_app(
             raise ApiError(400, "provider_config", str(exc)) from None
         rates.enter(token)
         store.record_usage(token.id, agent_runs=1)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
 
         class BudgetSpent(Exception):
             pass
 
-        def emit(kind: str, data: Any) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (kind, data))
-
-        def on_event(event: Any) -> None:
-            emit(event.kind, dataclasses.asdict(event.turn))
-            if event.kind == "assistant":
-                spent = event.turn.usage
-                used = store.record_usage(
-                    token.id,
-                    iterations=1,
-                    input_tokens=spent.input_tokens if spent else 0,
-                    output_tokens=spent.output_tokens if spent else 0,
-                )
-                if used.model_tokens >= token.agent_tokens_per_day and event.turn.tool_calls:
-                    raise BudgetSpent(
-                        f"this token's {token.agent_tokens_per_day} model tokens for {used.day} (UTC) are used; "
-                        "the run stopped before its next tool call"
+        def work(emit: Any) -> None:
+            def on_event(event: Any) -> None:
+                emit(event.kind, dataclasses.asdict(event.turn))
+                if event.kind == "assistant":
+                    spent = event.turn.usage
+                    used = store.record_usage(
+                        token.id,
+                        iterations=1,
+                        input_tokens=spent.input_tokens if spent else 0,
+                        output_tokens=spent.output_tokens if spent else 0,
                     )
+                    if used.model_tokens >= token.agent_tokens_per_day and event.turn.tool_calls:
+                        raise BudgetSpent(
+                            f"this token's {token.agent_tokens_per_day} model tokens for {used.day} (UTC) are "
+                            "used; the run stopped before its next tool call"
+                        )
 
-        def work() -> None:
             try:
                 result = run_agent(
-                    body.task,
-                    client,
-                    iterations,
-                    limits=limits,
-                    timeout_seconds=timeout,
-                    on_event=on_event,
-                )
-                emit(
-                    "done",
-                    {
-                        "answer": result.answer,
-                        "stop_reason": result.stop_reason,
-                        "turns": result.turns,
-                        "usage": None if result.usage is None else dataclasses.asdict(result.usage),
-                    },
+                    body.task, client, iterations, limits=limits, timeout_seconds=timeout, on_event=on_event
                 )
             except BudgetSpent as exc:
                 emit("error", {"code": "over_daily_budget", "message": str(exc)})
+                return
             except ProviderError as exc:
                 emit("error", {"code": "provider_error", "message": str(exc)})
-            except Exception as exc:  # noqa: BLE001 - reported to the client, not raised into the server
-                emit("error", {"code": "internal", "message": f"{type(exc).__name__}: {exc}"})
-            finally:
-                rates.leave(token)
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+                return
+            emit(
+                "done",
+                {
+                    "answer": result.answer,
+                    "stop_reason": result.stop_reason,
+                    "turns": result.turns,
+                    "usage": None if result.usage is None else dataclasses.asdict(result.usage),
+                },
+            )
 
-        async def stream():
-            worker = asyncio.ensure_future(run_in_threadpool(work))
-            try:
-                while (item := await queue.get()) is not None:
-                    kind, data = item
-                    yield f"event: {kind}\ndata: {json.dumps(data, default=str)}\n\n"
-            finally:
-                await worker
-
-        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return sse_from_thread(work, lambda: rates.leave(token))
 
     # -- sessions -------------------------------------------------------------------------------
     def session_json(record: Any) -> dict[str, Any]:
@@ -466,6 +504,27 @@ def create_app(
         data = await request.body()  # RequestGuard capped it at MAX_FILE_BYTES while it streamed in
         size = await run_in_threadpool(with_session, token, session_id, lambda s: s.write_file(path, data))
         return {"path": path, "size": size}
+
+    @app.post("/v1/sessions/{session_id}/archive")
+    async def upload_archive(session_id: str, request: Request, token: Auth, dest: str = ".") -> dict[str, Any]:
+        """Unpack a tar, tar.gz or zip (the body) into ``dest`` of the workspace. Links, members that
+        leave the workspace and archives that expand past the quota are refused; nothing is
+        written then."""
+        data = await request.body()  # capped by RequestGuard while it streamed in
+        return await run_in_threadpool(with_session, token, session_id, lambda s: s.upload(data, dest))
+
+    @app.get("/v1/sessions/{session_id}/archive")
+    def download_archive(session_id: str, token: Auth, path: str = ".") -> Response:
+        """A tar.gz of a file or directory of the workspace (symlinks left out)."""
+        data = with_session(token, session_id, lambda s: s.download(path))
+        name = (path.strip("/").rsplit("/", 1)[-1] or "workspace").replace('"', "")
+        if name == ".":
+            name = "workspace"
+        return Response(
+            data,
+            media_type="application/gzip",
+            headers={"Content-Disposition": f'attachment; filename="{name}.tar.gz"'},
+        )
 
     @app.delete("/v1/sessions/{session_id}/files/{path:path}", status_code=204)
     def delete_file(session_id: str, path: str, token: Auth) -> Response:

@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 MAX_CODE_CHARS = 1_000_000
 #: Largest file body on PUT /v1/sessions/{id}/files/{path}.
 MAX_FILE_BYTES = 16 * 1024 * 1024
+#: Largest archive body on POST /v1/sessions/{id}/archive (the session's upload cap).
+MAX_ARCHIVE_BYTES = 64 * 1024 * 1024
 #: Largest JSON body: code and stdin at their caps, 4 bytes a character in UTF-8, plus 2 MiB.
 MAX_JSON_BYTES = 2 * 4 * MAX_CODE_CHARS + 2 * 1024 * 1024
 
@@ -46,6 +48,11 @@ class RunIn(_In):
     timeout_seconds: float | None = _TIMEOUT
     stdin: str | None = Field(None, max_length=MAX_CODE_CHARS)
     limits: LimitsIn = Field(default_factory=LimitsIn)
+    stream: bool = Field(
+        False,
+        description="Answer with server-sent events: `stdout` and `stderr` ({text}) as output arrives, then "
+        "`result` (the same body as without streaming) or `error` ({code, message}).",
+    )
 
 
 class SessionRunIn(_In):

@@ -124,35 +124,73 @@ def check_member(name):
 
 
 def op_upload(args, data):
+    """Checks every member first, then extracts; if extraction fails part way (a full workspace),
+    what it created is removed again, so an upload lands whole or not at all."""
     dest = resolve(args.get("dest", "."), must_exist=False)
-    os.makedirs(dest, exist_ok=True)
-    limit, total, count = args["max_expanded"], 0, 0
-    if data[:4] == b"PK\x03\x04":
-        with zipfile.ZipFile(io.BytesIO(data)) as z:
-            infos = z.infolist()
-            for info in infos:
-                check_member(info.filename)
-                total += info.file_size
-                if total > limit:
-                    raise TooBig("archive expands past %d bytes: refused" % limit)
-            for info in infos:
-                target = os.path.join(dest, info.filename)
-                if info.is_dir():
-                    os.makedirs(target, exist_ok=True)
-                    continue
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                with z.open(info) as src, open(target, "wb") as out:
-                    written = 0
-                    while True:
-                        chunk = src.read(1 << 16)
-                        if not chunk:
-                            break
-                        written += len(chunk)
-                        if written > info.file_size:  # lying headers
-                            raise TooBig("archive member %s expands past its declared size" % info.filename)
-                        out.write(chunk)
-                count += 1
-        return {"files": count, "bytes": total}
+    created = []
+    try:
+        if not os.path.isdir(dest):
+            created.append(dest)
+        os.makedirs(dest, exist_ok=True)
+        if data[:4] == b"PK\x03\x04":
+            return _upload_zip(dest, data, args["max_expanded"], created)
+        return _upload_tar(dest, data, args["max_expanded"], created)
+    except BaseException:
+        for path in reversed(created):
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    os.rmdir(path)
+                else:
+                    os.unlink(path)
+            except OSError:
+                pass
+        raise
+
+
+def _make_parents(path, created):
+    missing = []
+    d = os.path.dirname(path)
+    while d and not os.path.isdir(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    for d in reversed(missing):
+        os.mkdir(d)
+        created.append(d)
+
+
+def _upload_zip(dest, data, limit, created):
+    total = count = 0
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        infos = z.infolist()
+        for info in infos:
+            check_member(info.filename)
+            total += info.file_size
+            if total > limit:
+                raise TooBig("archive expands past %d bytes: refused" % limit)
+        for info in infos:
+            target = os.path.join(dest, info.filename)
+            if info.is_dir():
+                _make_parents(os.path.join(target, "x"), created)
+                continue
+            _make_parents(target, created)
+            if not os.path.exists(target):
+                created.append(target)
+            with z.open(info) as src, open(target, "wb") as out:
+                written = 0
+                while True:
+                    chunk = src.read(1 << 16)
+                    if not chunk:
+                        break
+                    written += len(chunk)
+                    if written > info.file_size:  # lying headers
+                        raise TooBig("archive member %s expands past its declared size" % info.filename)
+                    out.write(chunk)
+            count += 1
+    return {"files": count, "bytes": total}
+
+
+def _upload_tar(dest, data, limit, created):
+    total = count = 0
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
         members = []
         for m in tar:
@@ -169,9 +207,11 @@ def op_upload(args, data):
         for m in members:
             target = os.path.join(dest, m.name)
             if m.isdir():
-                os.makedirs(target, exist_ok=True)
+                _make_parents(os.path.join(target, "x"), created)
                 continue
-            os.makedirs(os.path.dirname(target), exist_ok=True)
+            _make_parents(target, created)
+            if not os.path.exists(target):
+                created.append(target)
             src = tar.extractfile(m)
             with open(target, "wb") as out:
                 shutil.copyfileobj(src, out)

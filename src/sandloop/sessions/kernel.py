@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import secrets
+import select
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,9 +50,32 @@ class Kernel:
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
-    def _connect(self) -> LiveSandbox:
-        if self._sandbox is not None and self.backend.is_alive(self._sandbox):
-            return self._sandbox
+    @staticmethod
+    def _pending_output(sandbox: LiveSandbox) -> bytes | None:
+        """What the interpreter wrote between cells (a thread printing after its cell returned),
+        or None when the connection is gone. Before, any byte waiting here read as a dead
+        connection, so late output was dropped with it."""
+        pending = bytearray()
+        while True:
+            try:
+                ready, _, _ = select.select([sandbox.sock], [], [], 0)
+                if not ready:
+                    return bytes(pending)
+                chunk = sandbox.sock.recv(256 * 1024)
+            except (OSError, ValueError):
+                return None
+            if not chunk:
+                return None
+            pending += chunk
+            if len(pending) > MAX_RESULT_BYTES:  # a thread flooding between cells: keep the head
+                return bytes(pending)
+
+    def _connect(self) -> tuple[LiveSandbox, bytes]:
+        """The interpreter's connection, and output it wrote since the last cell."""
+        if self._sandbox is not None:
+            pending = self._pending_output(self._sandbox)
+            if pending is not None:
+                return self._sandbox, pending
         self._drop(remove=False)
         label = f"sandloop.session={self.session_id}"
         running = [cid for cid in self.backend.find_running(label) if self._is_kernel(cid)]
@@ -60,7 +84,7 @@ class Kernel:
         else:
             self._sandbox = self.backend.launch(self.spec, purpose="kernel", lifetime_seconds=self.lifetime)
         self._demux = None
-        return self._sandbox
+        return self._sandbox, b""
 
     def _is_kernel(self, container_id: str) -> bool:
         labels = self.backend.api.inspect_container(container_id)["Config"].get("Labels") or {}
@@ -78,7 +102,7 @@ class Kernel:
     def run(self, code: str, timeout_seconds: float, limits: SandboxLimits) -> CellResult:
         started = time.monotonic()
         with self._locked():
-            sandbox = self._connect()
+            sandbox, pending = self._connect()
             nonce = secrets.token_hex(8)
             header = json.dumps({"code": len(code.encode()), "nonce": nonce}).encode()
             payload = b"SANDLOOP1 %08d\n" % len(header) + header + code.encode()
@@ -89,6 +113,8 @@ class Kernel:
             else:
                 self._demux.reset(stdout, stderr, marker)
             demux = self._demux
+            if pending:  # late output of the previous cell's threads: shown with this cell's
+                demux.feed(pending)
             sandbox.sock.sendall(payload)
             finished = self.backend._pump(sandbox.sock, time.monotonic() + timeout_seconds, demux)
             timed_out = restarted = oom = False
@@ -106,10 +132,11 @@ class Kernel:
                     oom = bool(state.get("OOMKilled"))
             demux.flush()
             status = demux.exit_status
-            value, artifacts = None, []
+            value, omitted, artifacts = None, 0, []
             if status is not None and demux.payload:
                 result = json.loads(base64.b64decode(demux.payload))
                 value = result.get("value")
+                omitted = int(result.get("value_omitted") or 0)
                 artifacts = [
                     Artifact(name=a["name"], mime_type=a["mime"], data=base64.b64decode(a["data"]))
                     for a in result.get("artifacts", [])
@@ -139,6 +166,7 @@ class Kernel:
                 timeout_seconds=timeout_seconds,
                 limits=limits,
                 value=value,
+                value_omitted_chars=omitted,
                 artifacts=artifacts,
                 interpreter_restarted=restarted,
             )

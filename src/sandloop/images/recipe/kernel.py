@@ -3,7 +3,8 @@
 Reads cells from stdin with the launcher's framing (preamble + JSON header ``{"code": N, "nonce":
 ...}`` + N bytes), runs each in one persistent ``__main__`` namespace, and ends each cell with the
 launcher's end-of-run line on stdout and stderr. The stdout line carries a base64 JSON payload:
-``{"value": repr of a last expression or null, "artifacts": [{"name", "mime", "data"}]}``; open
+``{"value": repr of a last expression or null, "value_omitted": characters cut from that repr,
+"artifacts": [{"name", "mime", "data"}]}``; open
 matplotlib figures become PNG artifacts and are closed. SIGINT (the host's timeout) interrupts the
 cell with KeyboardInterrupt and keeps the state. The cell cannot read stdin (it carries cells).
 """
@@ -41,13 +42,13 @@ def _figures():
 
 
 def run_cell(code, namespace):
-    """Returns (status, value repr or None)."""
+    """Returns (status, value repr or None, characters of the repr omitted)."""
     filename = "<cell>"
     try:
         tree = ast.parse(code, filename)
     except SyntaxError as exc:
         sys.excepthook(type(exc), exc.with_traceback(None), None)
-        return 1, None
+        return 1, None, 0
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
@@ -55,18 +56,19 @@ def run_cell(code, namespace):
         exec(compile(tree, filename, "exec"), namespace)
         value = eval(compile(last, filename, "eval"), namespace) if last is not None else None
     except SystemExit as exc:
-        return launcher.exit_status(exc.code), None
+        return launcher.exit_status(exc.code), None, 0
     except BaseException as exc:
         tb = exc.__traceback__.tb_next if exc.__traceback__ else None
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        return (130 if isinstance(exc, KeyboardInterrupt) else 1), None
+        return (130 if isinstance(exc, KeyboardInterrupt) else 1), None, 0
     if value is None:
-        return 0, None
+        return 0, None, 0
     namespace["_"] = value
     text = repr(value)
-    if len(text) > MAX_VALUE_CHARS:
-        text = text[:MAX_VALUE_CHARS] + "... [%d characters omitted]" % (len(text) - MAX_VALUE_CHARS)
-    return 0, text
+    omitted = max(0, len(text) - MAX_VALUE_CHARS)
+    if omitted:
+        text = text[:MAX_VALUE_CHARS] + "... [%d characters omitted]" % omitted
+    return 0, text, omitted
 
 
 def serve():
@@ -92,16 +94,17 @@ def serve():
         code = launcher.read_exact(int(header["code"]), "cell").decode("utf-8", "replace")
         nonce = str(header.get("nonce") or "")
         try:
-            status, value = run_cell(code, main.__dict__)
+            status, value, omitted = run_cell(code, main.__dict__)
             artifacts = _figures()
         except KeyboardInterrupt:
-            status, value, artifacts = 130, None, []
+            status, value, omitted, artifacts = 130, None, 0, []
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:
                 pass
-        payload = base64.b64encode(json.dumps({"value": value, "artifacts": artifacts}).encode())
+        reply = {"value": value, "value_omitted": omitted, "artifacts": artifacts}
+        payload = base64.b64encode(json.dumps(reply).encode())
         line = b"\0\x1esandloop-exit:%s:%d" % (nonce.encode(), status)
         for fd, data in ((1, line + b":" + payload + b"\n"), (2, line + b"\n")):
             try:
