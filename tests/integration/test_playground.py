@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
@@ -59,43 +60,96 @@ def page(server, tmp_path):
         pg.goto(url + "/")
         pg.fill("#token", secret)
         pg.dispatch_event("#token", "change")
+        pg.secret = secret  # for tests that open a second page
+        pg.base_url = url
         yield pg
         browser.close()
     assert violations == [], violations  # the page runs under its own CSP without breaking it
 
 
-def test_run_code_and_see_the_output(page):
-    page.select_option("#language", "python")
-    page.fill("#code", "import sys\nprint('hello from the browser')\nprint('to stderr', file=sys.stderr)")
-    page.click("#run")
-    expect(page.locator("#status")).to_have_text(re.compile(r"^exit"), timeout=60_000)
-    assert page.inner_text("#stdout") == "hello from the browser\n"
-    assert "to stderr" in page.inner_text("#stderr")
-    assert page.inner_text("#status") == "exit 0"
-    page.fill("#code", "x = bytearray(900 * 1024 * 1024)")
-    page.click("#run")
-    expect(page.locator("#status")).to_have_text("exit 137", timeout=60_000)
-    assert "memory limit" in page.inner_text("#notes")
+SHOTS = os.environ.get("SANDLOOP_SCREENSHOTS")
 
 
-def test_session_cell_shows_a_chart_and_files(page, tmp_path):
+def shot(page, tmp_path, name: str) -> None:
+    """A full-page screenshot; kept in $SANDLOOP_SCREENSHOTS (to look at) when set."""
+    path = tmp_path / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    if SHOTS:
+        os.makedirs(SHOTS, exist_ok=True)
+        shutil.copy(path, os.path.join(SHOTS, f"{name}.png"))
+
+
+def set_code(page, index: int, code: str) -> None:
+    """Type into a cell's editor as a person pasting would."""
+    page.locator(".cell .CodeMirror").nth(index).click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(code)
+
+
+def test_cells_run_once_with_streamed_output_and_notes(page, tmp_path):
+    expect(page.locator(".cell")).to_have_count(2)
+    assert page.locator(".cell .CodeMirror .cm-keyword").count() > 0  # highlighted by the editor
+    code = "import sys, time\nprint('hello from the browser', flush=True)\ntime.sleep(3)\n"
+    set_code(page, 0, code + "print('to stderr', file=sys.stderr)")
+    first = page.locator(".cell").nth(0)
+    first.locator(".run").click()
+    # streamed: the first line is on the page while the cell is still running
+    expect(first.locator(".stdout")).to_have_text("hello from the browser\n", timeout=60_000)
+    assert first.locator(".status").inner_text() == "running…"  # 3 s before the program ends
+    expect(first.locator(".status")).to_have_text("exit 0", timeout=60_000)
+    assert "to stderr" in first.locator(".stderr").inner_text()
+    assert first.locator(".prompt").inner_text() == "[1]"
+    page.click("#add-cell")
+    expect(page.locator(".cell")).to_have_count(3)
+    set_code(page, 2, "x = bytearray(900 * 1024 * 1024)")
+    page.keyboard.press("Shift+Enter")
+    third = page.locator(".cell").nth(2)
+    expect(third.locator(".status")).to_have_text("exit 137", timeout=60_000)
+    assert "memory limit" in third.locator(".notes").inner_text()
+    third.locator(".lang").select_option("bash")  # each cell has its language
+    set_code(page, 2, "echo from bash")
+    third.locator(".run").click()
+    expect(third.locator(".stdout")).to_have_text("from bash\n", timeout=60_000)
+    shot(page, tmp_path, "playground-runs")
+
+
+def test_a_session_notebook_with_files_survives_a_reload(page, tmp_path):
     page.click("#new-session")
     expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-"), timeout=60_000)
-    page.fill(
-        "#cell",
-        "import matplotlib.pyplot as plt\nplt.bar(['a', 'b', 'c'], [3, 1, 2])\nopen('out.txt', 'w').write('x')\n6 * 7",
-    )
-    page.click("#run-cell")
-    page.wait_for_selector("#charts img", timeout=60_000)
-    assert page.inner_text("#cell-value") == "42"
-    natural = page.eval_on_selector("#charts img", "img => img.naturalWidth")
-    assert natural > 100  # a real decoded PNG
+    sid = page.inner_text("#session-id")
+    set_code(page, 0, "total = 40\nopen('out.txt', 'w').write('from a cell')\ntotal")
+    set_code(page, 1, "import matplotlib.pyplot as plt\nplt.bar(['a', 'b', 'c'], [3, 1, 2])\ntotal + 2")
+    page.click("#run-all")
+    second = page.locator(".cell").nth(1)
+    expect(second.locator(".value")).to_have_text("42", timeout=60_000)  # state shared between cells
+    assert second.locator(".charts img").evaluate("img => img.naturalWidth") > 100  # a real decoded PNG
     expect(page.locator("#files")).to_contain_text("out.txt", timeout=30_000)
-    page.screenshot(path=str(tmp_path / "playground.png"), full_page=True)
-    if os.environ.get("SANDLOOP_SCREENSHOT"):
-        shutil.copy(tmp_path / "playground.png", os.environ["SANDLOOP_SCREENSHOT"])
+    data = tmp_path / "data.csv"
+    data.write_text("v\n1\n2\n")
+    page.set_input_files("#upload", str(data))
+    expect(page.locator("#files")).to_contain_text("data.csv", timeout=30_000)
+    page.locator("#files td", has_text="out.txt").click()
+    expect(page.locator("#preview pre")).to_have_text("from a cell", timeout=30_000)
+    with page.expect_download() as download:
+        page.locator("#files tr", has_text="data.csv").locator("button[title=download]").click()
+    assert Path(download.value.path()).read_text() == "v\n1\n2\n"
+    shot(page, tmp_path, "playground-session")
+    page.reload()  # the session and the notebook come back
+    expect(page.locator("#session-id")).to_have_text(sid, timeout=30_000)
+    expect(page.locator("#sessions li.current")).to_have_count(1, timeout=30_000)
+    assert "total + 2" in page.locator(".cell").nth(1).inner_text()
+    page.locator(".cell").nth(1).locator(".run").click()
+    expect(page.locator(".cell").nth(1).locator(".value")).to_have_text("42", timeout=60_000)
     page.click("#delete-session")
     expect(page.locator("#session-id")).to_have_text("none", timeout=60_000)
+
+
+def test_the_page_stacks_on_a_phone(page, tmp_path):
+    page.set_viewport_size({"width": 390, "height": 844})
+    main, aside = page.locator("main").bounding_box(), page.locator("aside").bounding_box()
+    assert main["width"] <= 390 and aside["width"] <= 390 and aside["y"] > main["y"]  # one column
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing sticks out sideways
+    shot(page, tmp_path, "playground-phone")
 
 
 def test_watch_an_agent_run_stream_in(page, provider):

@@ -1,126 +1,378 @@
 "use strict";
-// The playground over the HTTP API. A separate file: the page's CSP allows scripts from this origin only.
+// The playground: a small notebook over the HTTP API. A separate file, like the editor it loads:
+// the page's CSP allows scripts from this origin only.
+
 const $ = (id) => document.getElementById(id);
+const MODES = { python: "python", node: "javascript", bash: "shell" };
+const IMAGE = /\.(png|jpe?g|gif|svg|webp)$/i;
+
+let session = localStorage.getItem("sandloop-session") || null;
+let filesPath = ".";
+let runCount = 0;
+const cells = [];
+
 $("token").value = localStorage.getItem("sandloop-token") || "";
-$("token").addEventListener("change", () => localStorage.setItem("sandloop-token", $("token").value.trim()));
-let session = null;
+$("token").addEventListener("change", () => {
+  localStorage.setItem("sandloop-token", $("token").value.trim());
+  start();
+});
+
+function headers(extra) {
+  return { Authorization: "Bearer " + $("token").value.trim(), ...(extra || {}) };
+}
+
+async function failure(res) {
+  const text = await res.text();
+  let data = null;
+  try { data = JSON.parse(text); } catch (e) { data = { message: text }; }
+  return new Error(`${res.status} ${data && data.code ? data.code + ": " : ""}${(data && data.message) || ""}`);
+}
 
 async function api(method, path, body) {
   const res = await fetch(path, {
     method,
-    headers: { "Authorization": "Bearer " + $("token").value.trim(), "Content-Type": "application/json" },
+    headers: headers(body === undefined ? {} : { "Content-Type": "application/json" }),
     body: body === undefined ? undefined : JSON.stringify(body),
   });
+  if (!res.ok) throw await failure(res);
   const text = await res.text();
-  let data = null;
-  try { data = text ? JSON.parse(text) : null; } catch (e) { data = { message: text }; }
-  if (!res.ok) throw new Error(`${res.status} ${data && data.code ? data.code + ": " : ""}${data && data.message ? data.message : ""}`);
-  return data;
+  return text ? JSON.parse(text) : null;
 }
 
-function showNotes(el, notes) {
-  el.innerHTML = "";
-  for (const n of notes || []) { const d = document.createElement("div"); d.className = "note"; d.textContent = "⚠ " + n; el.appendChild(d); }
+async function raw(method, path, body) {
+  const res = await fetch(path, { method, headers: headers(), body });
+  if (!res.ok) throw await failure(res);
+  return res;
 }
 
-async function run() {
-  $("run").disabled = true; $("status").textContent = "running…"; $("status").className = "status muted";
-  try {
-    const r = await api("POST", "/v1/runs", { code: $("code").value, language: $("language").value, timeout_seconds: Number($("timeout").value) });
-    $("stdout").textContent = r.stdout; $("stderr").textContent = r.stderr;
-    $("status").textContent = r.timed_out ? "timed out" : `exit ${r.exit_code}`;
-    $("status").className = "status " + (r.ok ? "ok" : "bad");
-    $("duration").textContent = `${(r.duration_seconds * 1000).toFixed(0)} ms`;
-    showNotes($("notes"), r.notes);
-  } catch (e) {
-    $("status").textContent = e.message; $("status").className = "status bad";
-  } finally { $("run").disabled = false; }
-}
-
-async function refreshFiles() {
-  const tbody = $("files").querySelector("tbody"); tbody.innerHTML = "";
-  if (!session) return;
-  for (const f of await api("GET", `/v1/sessions/${session}/files`)) {
-    const tr = document.createElement("tr");
-    for (const v of [f.type, f.size, f.name]) { const td = document.createElement("td"); td.textContent = v; tr.appendChild(td); }
-    tbody.appendChild(tr);
+// POST a JSON body and read the server-sent events of the answer.
+async function sse(path, body, onEvent) {
+  const res = await fetch(path, {
+    method: "POST",
+    headers: headers({ "Content-Type": "application/json" }),
+    body: JSON.stringify(body),
+  });
+  if (!res.ok) throw await failure(res);
+  const reader = res.body.getReader();
+  const dec = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += dec.decode(value, { stream: true });
+    let i;
+    while ((i = buf.indexOf("\n\n")) >= 0) {
+      const block = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      const kind = (block.match(/^event: (.*)$/m) || [])[1];
+      const data = JSON.parse((block.match(/^data: (.*)$/m) || [])[1] || "{}");
+      onEvent(kind, data);
+    }
   }
 }
 
-async function newSession() {
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  Object.assign(node, props || {});
+  for (const c of children) node.append(c);
+  return node;
+}
+
+// -- cells ------------------------------------------------------------------------------------
+function cellsKey() { return "sandloop-cells:" + (session || "none"); }
+
+function saveCells() {
+  const saved = cells.map((c) => ({ code: c.cm.getValue(), language: c.lang.value }));
+  localStorage.setItem(cellsKey(), JSON.stringify(saved));
+}
+
+function addCell(code, language) {
+  const node = $("cell-template").content.firstElementChild.cloneNode(true);
+  $("cells").append(node);
+  const lang = node.querySelector(".lang");
+  lang.value = language || $("language").value;
+  const cm = CodeMirror(node.querySelector(".editor"), {
+    value: code || "",
+    mode: MODES[lang.value],
+    theme: "material-darker",
+    lineNumbers: true,
+    matchBrackets: true,
+    autoCloseBrackets: true,
+    viewportMargin: Infinity,
+    indentUnit: 4,
+    extraKeys: { "Shift-Enter": () => runCell(cell), Tab: (ed) => ed.execCommand("insertSoftTab") },
+  });
+  const cell = { node, cm, lang };
+  cm.on("change", saveCells);
+  lang.addEventListener("change", () => { cm.setOption("mode", MODES[lang.value]); saveCells(); });
+  node.querySelector(".run").addEventListener("click", () => runCell(cell));
+  node.querySelector(".remove").addEventListener("click", () => {
+    cells.splice(cells.indexOf(cell), 1);
+    node.remove();
+    saveCells();
+  });
+  cells.push(cell);
+  return cell;
+}
+
+function loadCells() {
+  for (const c of cells.splice(0)) c.node.remove();
+  let saved = null;
+  try { saved = JSON.parse(localStorage.getItem(cellsKey()) || "null"); } catch (e) { saved = null; }
+  const start = saved && saved.length ? saved : [
+    { code: "import numpy as np\nprint('hello from the sandbox')\nnp.arange(10).sum()", language: "python" },
+    { code: "import matplotlib.pyplot as plt\nxs = list(range(10))\nplt.plot(xs, [x * x for x in xs])\nplt.title('squares')", language: "python" },
+  ];
+  for (const c of start) addCell(typeof c === "string" ? c : c.code, typeof c === "string" ? "python" : c.language);
+}
+
+function part(cell, name) { return cell.node.querySelector("." + name); }
+
+function setStatus(cell, text, cls) {
+  const s = part(cell, "status");
+  s.textContent = text;
+  s.className = "status " + (cls || "");
+}
+
+function showResult(cell, r, streamed) {
+  if (!streamed) {
+    part(cell, "stdout").textContent = r.stdout;
+    part(cell, "stderr").textContent = r.stderr;
+  }
+  part(cell, "value").textContent = r.value === undefined || r.value === null ? "" : r.value;
+  const notes = part(cell, "notes");
+  for (const n of (r.notes || []).concat(r.interpreter_restarted ? ["the interpreter was restarted: variables are gone"] : [])) {
+    notes.append(el("div", { className: "note", textContent: "⚠ " + n }));
+  }
+  for (const a of r.artifacts || []) {
+    part(cell, "charts").append(el("img", { alt: a.name, src: `data:${a.mime_type};base64,${a.data_base64}` }));
+  }
+  setStatus(cell, r.timed_out ? "timed out" : `exit ${r.exit_code}`, r.ok ? "ok" : "bad");
+  part(cell, "duration").textContent = `${(r.duration_seconds * 1000).toFixed(0)} ms`;
+}
+
+async function runCell(cell) {
+  const button = part(cell, "run");
+  button.disabled = true;
+  cell.node.classList.add("running");
+  for (const name of ["stdout", "stderr", "value"]) part(cell, name).textContent = "";
+  part(cell, "notes").innerHTML = "";
+  part(cell, "charts").innerHTML = "";
+  part(cell, "duration").textContent = "";
+  setStatus(cell, "running…", "muted");
+  part(cell, "prompt").textContent = "[*]";
+  const code = cell.cm.getValue();
+  const language = cell.lang.value;
+  const timeout = Number($("timeout").value);
+  try {
+    let result = null;
+    let streamed = false;
+    if (session && language === "python") {
+      result = await api("POST", `/v1/sessions/${session}/cells`, { code, timeout_seconds: timeout });
+    } else if (session) {
+      result = await api("POST", `/v1/sessions/${session}/runs`, { code, language, timeout_seconds: timeout, stdin: $("stdin").value || null });
+    } else {
+      streamed = true;
+      const body = {
+        code, language, timeout_seconds: timeout, stdin: $("stdin").value || null, stream: true,
+        limits: { memory: $("memory").value, runtime: $("runtime").value },
+      };
+      await sse("/v1/runs", body, (kind, data) => {
+        if (kind === "stdout" || kind === "stderr") part(cell, kind).textContent += data.text;
+        else if (kind === "result") result = data;
+        else if (kind === "error") throw new Error(`${data.code}: ${data.message}`);
+      });
+    }
+    if (!result) throw new Error("the run ended without a result");
+    showResult(cell, result, streamed);
+    part(cell, "prompt").textContent = `[${++runCount}]`;
+    if (session) refreshFiles();
+  } catch (e) {
+    setStatus(cell, e.message, "bad");
+    part(cell, "prompt").textContent = "[!]";
+  } finally {
+    button.disabled = false;
+    cell.node.classList.remove("running");
+  }
+}
+
+$("add-cell").addEventListener("click", () => addCell("").cm.focus());
+$("run-all").addEventListener("click", async () => { for (const c of cells.slice()) await runCell(c); });
+
+// -- sessions ---------------------------------------------------------------------------------
+function showSession() {
+  $("session-id").textContent = session || "none";
+  $("delete-session").disabled = $("detach-session").disabled = !session;
+  $("mode").textContent = session
+    ? `Session ${session}: Python cells share one interpreter (variables persist); node and bash cells run in /workspace.`
+    : "No session: each cell runs once in a fresh sandbox, its output streaming in. Create a session to keep state and files.";
+  for (const li of $("sessions").children) li.classList.toggle("current", li.dataset.id === session);
+}
+
+function attach(id) {
+  saveCells();
+  session = id;
+  filesPath = ".";
+  if (id) localStorage.setItem("sandloop-session", id);
+  else localStorage.removeItem("sandloop-session");
+  loadCells();
+  showSession();
+  refreshFiles();
+}
+
+async function refreshSessions() {
+  const list = $("sessions");
+  list.innerHTML = "";
+  let mine = [];
+  try { mine = await api("GET", "/v1/sessions"); } catch (e) { list.append(el("li", { className: "bad", textContent: e.message })); return; }
+  for (const s of mine) {
+    const open = el("button", { className: "plain", textContent: "open" });
+    open.addEventListener("click", () => attach(s.id));
+    const li = el("li", {}, el("span", { textContent: `${s.id} · ${Math.round(s.quota_bytes / 1048576)}m` }), open);
+    li.dataset.id = s.id;
+    list.append(li);
+  }
+  if (session && !mine.some((s) => s.id === session)) attach(null); // expired or deleted elsewhere
+  showSession();
+}
+
+$("new-session").addEventListener("click", async () => {
   $("new-session").disabled = true;
   try {
-    const s = await api("POST", "/v1/sessions", { ttl_seconds: 3600, quota: "64m" });
-    session = s.id; $("session-id").textContent = session;
-    $("run-cell").disabled = false; $("delete-session").disabled = false;
-    await refreshFiles();
-  } catch (e) { $("session-id").textContent = e.message; }
-  finally { $("new-session").disabled = false; }
-}
-
-async function runCell() {
-  $("run-cell").disabled = true; $("cell-status").textContent = "running…"; $("cell-status").className = "status muted";
-  try {
-    const r = await api("POST", `/v1/sessions/${session}/cells`, { code: $("cell").value, timeout_seconds: 30 });
-    $("cell-value").textContent = r.value === null ? "" : r.value;
-    $("cell-output").textContent = r.stdout + r.stderr;
-    $("cell-status").textContent = r.timed_out ? "timed out" : `exit ${r.exit_code}`;
-    $("cell-status").className = "status " + (r.ok ? "ok" : "bad");
-    showNotes($("cell-notes"), r.notes.concat(r.interpreter_restarted ? ["the interpreter was restarted: variables are gone"] : []));
-    $("charts").innerHTML = "";
-    for (const a of r.artifacts) {
-      const img = document.createElement("img"); img.alt = a.name; img.src = `data:${a.mime_type};base64,${a.data_base64}`;
-      $("charts").appendChild(img);
-    }
-    await refreshFiles();
-  } catch (e) { $("cell-status").textContent = e.message; $("cell-status").className = "status bad"; }
-  finally { $("run-cell").disabled = false; }
-}
-
-async function deleteSession() {
-  if (!session) return;
-  await api("DELETE", `/v1/sessions/${session}`);
-  session = null; $("session-id").textContent = "none"; $("run-cell").disabled = true; $("delete-session").disabled = true;
-  $("charts").innerHTML = ""; await refreshFiles();
-}
-
-async function runAgent() {
-  $("run-agent").disabled = true; const log = $("agent-log"); log.innerHTML = "";
-  const add = (kind, text, extra) => {
-    const d = document.createElement("div"); d.className = "ev " + kind + (extra || "");
-    const pre = document.createElement("pre"); pre.textContent = text; d.appendChild(pre); log.appendChild(d);
-  };
-  try {
-    const res = await fetch("/v1/agent/runs", {
-      method: "POST",
-      headers: { "Authorization": "Bearer " + $("token").value.trim(), "Content-Type": "application/json" },
-      body: JSON.stringify({ task: $("task").value, provider: $("provider").value, model: $("model").value,
-                             base_url: $("base-url").value.trim() || null }),
+    const s = await api("POST", "/v1/sessions", {
+      ttl_seconds: 3600, quota: "64m", limits: { memory: $("memory").value, runtime: $("runtime").value },
     });
-    if (!res.ok) { const e = await res.json(); add("error", `${res.status} ${e.code}: ${e.message}`); return; }
-    const reader = res.body.getReader(); const dec = new TextDecoder(); let buf = "";
-    for (;;) {
-      const { value, done } = await reader.read(); if (done) break;
-      buf += dec.decode(value, { stream: true });
-      let i;
-      while ((i = buf.indexOf("\n\n")) >= 0) {
-        const block = buf.slice(0, i); buf = buf.slice(i + 2);
-        const kind = (block.match(/^event: (.*)$/m) || [])[1]; const data = JSON.parse((block.match(/^data: (.*)$/m) || [])[1] || "{}");
-        if (kind === "assistant") add(kind, "model: " + (data.text || "(asks for tools)"));
-        else if (kind === "tool_call") add(kind, `${data.name} ${data.id}\n` + (data.arguments.code || JSON.stringify(data.arguments)));
-        else if (kind === "tool_result") add(kind, data.content, data.is_error ? " err" : "");
-        else if (kind === "done") add(kind, `answer (${data.stop_reason}, ${data.turns} turns): ${data.answer}`);
-        else add("error", data.message || JSON.stringify(data));
-      }
+    attach(s.id);
+    await refreshSessions();
+  } catch (e) {
+    $("session-id").textContent = e.message;
+  } finally {
+    $("new-session").disabled = false;
+  }
+});
+$("detach-session").addEventListener("click", () => attach(null));
+$("delete-session").addEventListener("click", async () => {
+  if (!session) return;
+  const id = session;
+  try { await api("DELETE", `/v1/sessions/${id}`); } catch (e) { $("session-id").textContent = e.message; return; }
+  localStorage.removeItem("sandloop-cells:" + id);
+  attach(null);
+  await refreshSessions();
+});
+
+// -- files ------------------------------------------------------------------------------------
+function joinPath(dir, name) { return dir === "." ? name : `${dir}/${name}`; }
+function filesUrl(path) { return `/v1/sessions/${session}/files/${path.split("/").map(encodeURIComponent).join("/")}`; }
+
+async function refreshFiles() {
+  const tbody = $("files").querySelector("tbody");
+  tbody.innerHTML = "";
+  if (!session) return;
+  let entries = [];
+  try { entries = await api("GET", `/v1/sessions/${session}/files?path=${encodeURIComponent(filesPath)}`); }
+  catch (e) { tbody.append(el("tr", {}, el("td", { className: "bad", textContent: e.message }))); return; }
+  if (filesPath !== ".") {
+    const up = el("tr", {}, el("td", { textContent: "⬑ ..", colSpan: 3 }));
+    up.addEventListener("click", () => { filesPath = filesPath.split("/").slice(0, -1).join("/") || "."; refreshFiles(); });
+    tbody.append(up);
+  }
+  for (const f of entries) {
+    const path = joinPath(filesPath, f.name);
+    const name = el("td", { textContent: (f.type === "dir" ? "▸ " : "") + f.name });
+    name.dataset.name = f.name;
+    name.style.cursor = "pointer";
+    name.addEventListener("click", () => (f.type === "dir" ? ((filesPath = path), refreshFiles()) : preview(path)));
+    const actions = el("td", { className: "actions" });
+    if (f.type === "file") {
+      const get = el("button", { className: "plain", textContent: "⬇", title: "download" });
+      get.addEventListener("click", () => download(path));
+      actions.append(get);
     }
-  } catch (e) { add("error", e.message); }
-  finally { $("run-agent").disabled = false; }
+    const del = el("button", { className: "plain", textContent: "✕", title: "delete" });
+    del.addEventListener("click", async () => { await raw("DELETE", filesUrl(path)); refreshFiles(); });
+    actions.append(del);
+    tbody.append(el("tr", {}, name, el("td", { className: "muted", textContent: f.type === "dir" ? "" : f.size }), actions));
+  }
 }
 
-$("run").addEventListener("click", run);
-$("run-agent").addEventListener("click", runAgent);
-$("code").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) run(); });
-$("new-session").addEventListener("click", newSession);
-$("run-cell").addEventListener("click", runCell);
-$("delete-session").addEventListener("click", deleteSession);
-fetch("/healthz").then(r => r.json()).then(h => { $("health").textContent = "engine: " + (h.status || h.code); });
+async function download(path) {
+  const blob = await (await raw("GET", filesUrl(path))).blob();
+  const a = el("a", { href: URL.createObjectURL(blob), download: path.split("/").pop() });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+}
+
+async function preview(path) {
+  const box = $("preview");
+  box.innerHTML = "";
+  try {
+    const blob = await (await raw("GET", filesUrl(path))).blob();
+    box.append(el("div", { className: "muted", textContent: path }));
+    if (IMAGE.test(path)) {
+      box.append(el("img", { alt: path, src: URL.createObjectURL(blob.slice(0, blob.size, path.endsWith(".svg") ? "image/svg+xml" : "")) }));
+    } else {
+      const text = await blob.slice(0, 100000).text();
+      box.append(el("pre", { textContent: text + (blob.size > 100000 ? "\n… (first 100 KB)" : "") }));
+    }
+  } catch (e) {
+    box.append(el("div", { className: "bad", textContent: e.message }));
+  }
+}
+
+$("upload").addEventListener("change", async (ev) => {
+  if (!session) { $("preview").textContent = "create or open a session first"; return; }
+  for (const file of ev.target.files) {
+    try { await raw("PUT", filesUrl(joinPath(filesPath, file.name)), file); }
+    catch (e) { $("preview").textContent = `${file.name}: ${e.message}`; }
+  }
+  ev.target.value = "";
+  refreshFiles();
+});
+$("refresh-files").addEventListener("click", refreshFiles);
+
+// -- agent ------------------------------------------------------------------------------------
+$("run-agent").addEventListener("click", async () => {
+  $("run-agent").disabled = true;
+  const log = $("agent-log");
+  log.innerHTML = "";
+  const add = (kind, text, extra) => log.append(el("div", { className: "ev " + kind + (extra || "") }, el("pre", { textContent: text })));
+  try {
+    const body = { task: $("task").value, provider: $("provider").value };
+    if ($("model").value.trim()) body.model = $("model").value.trim();
+    if ($("base-url").value.trim()) body.base_url = $("base-url").value.trim();
+    await sse("/v1/agent/runs", body, (kind, data) => {
+      if (kind === "assistant") add(kind, "model: " + (data.text || "(asks for tools)"));
+      else if (kind === "tool_call") add(kind, `${data.name} ${data.id}\n` + (data.arguments.code || JSON.stringify(data.arguments)));
+      else if (kind === "tool_result") add(kind, data.content, data.is_error ? " err" : "");
+      else if (kind === "done") add(kind, `answer (${data.stop_reason}, ${data.turns} turns): ${data.answer}`);
+      else add("error", `${data.code || "error"}: ${data.message || JSON.stringify(data)}`);
+    });
+  } catch (e) {
+    add("error", e.message);
+  } finally {
+    $("run-agent").disabled = false;
+    refreshUsage();
+  }
+});
+
+async function refreshUsage() {
+  try {
+    const u = await api("GET", "/v1/usage");
+    $("usage").textContent = `agent today: ${u.agent_runs}/${u.limits.agent_runs_per_day} runs, ` +
+      `${u.input_tokens + u.output_tokens} tokens`;
+  } catch (e) { $("usage").textContent = ""; }
+}
+
+function start() {
+  if (!$("token").value.trim()) { $("mode").textContent = "Paste a token above (sandloop tokens create NAME) to start."; return; }
+  refreshSessions();
+  refreshFiles();
+  refreshUsage();
+}
+
+fetch("/healthz").then((r) => r.json()).then((h) => { $("health").textContent = "engine: " + (h.status || h.code); });
+loadCells();
+showSession();
+start();
