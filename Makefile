@@ -24,9 +24,9 @@ run: setup
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-# Unit tests only: no engine, no image.
+# No engine, no image: unit tests, and the backend contract on the test double (FakeBackend).
 test-fast:
-	$(VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests/unit tests/contract -m "not docker" $(PYTEST_ARGS)
 
 images:
 	$(VENV)/bin/sandloop images build
@@ -34,6 +34,7 @@ images:
 lint:
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/mypy
 
 # Side-by-side benchmarks (peers installed into their own venv, never into the main one).
 bench: setup

@@ -30,7 +30,7 @@ from sandloop.images import runtime_image
 from sandloop.pool import Dispatcher
 from sandloop.runner import build_request
 from sandloop.runtime.base import SandboxSpec
-from sandloop.runtime.docker_engine import DockerBackend
+from sandloop.runtime.docker import DockerBackend
 from sandloop.runtime.labels import owner_id
 from sandloop.settings import Settings
 

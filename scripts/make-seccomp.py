@@ -30,6 +30,6 @@ for rule in src["syscalls"]:
     if names:
         out.append({**rule, "names": names})
 src["syscalls"] = out
-target = Path(__file__).resolve().parents[1] / "src/sandloop/runtime/seccomp.json"
+target = Path(__file__).resolve().parents[1] / "src/sandloop/runtime/docker/seccomp.json"
 target.write_text(json.dumps(src, indent=1) + "\n")
 print(f"wrote {target}: {sum(len(r['names']) for r in out)} syscall names in {len(out)} rules")

@@ -28,14 +28,14 @@ def _missing(reason: str) -> None:
 def engine_state() -> tuple[str | None, set[str]]:
     """(problem or None, registered runtimes)."""
     from sandloop.images import runtime_image
-    from sandloop.runtime.docker_engine import DockerBackend
+    from sandloop.runtime.docker import DockerBackend
 
     backend = DockerBackend()
     try:
         info = backend.info()
-        if not backend.image_exists(runtime_image()):
+        if not backend.has_image(runtime_image()):
             return f"runtime image {runtime_image()} is not built (run `sandloop images build`)", set()
-        return None, set(info.get("Runtimes", {}))
+        return None, set(info.runtimes)
     except Exception as exc:  # noqa: BLE001 - any failure means "no usable engine"
         return f"no usable Docker engine: {exc}", set()
     finally:
@@ -69,38 +69,33 @@ def runtime(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def dispatchers():
-    """One cold (no pool) and one warm dispatcher for the whole session."""
-    from sandloop.pool import Dispatcher
-    from sandloop.runtime.docker_engine import DockerBackend
-    from sandloop.settings import Settings
+def roots():
+    """One cold (no pool) and one warm ``Sandloop`` for the whole session."""
+    from sandloop import Sandloop, Settings
 
-    made = {
-        "cold": Dispatcher(DockerBackend(), Settings(pool_size=0)),
-        "warm": Dispatcher(DockerBackend(), Settings(pool_size=2)),
-    }
+    made = {"cold": Sandloop(Settings(pool_size=0)), "warm": Sandloop(Settings(pool_size=2))}
     yield made
-    for d in made.values():
-        d.close()
+    for root in made.values():
+        root.close()
 
 
 @pytest.fixture(params=["cold", "warm"])
-def mode(request: pytest.FixtureRequest, dispatchers) -> str:
-    """Runs the test through a cold dispatcher and through a warm pool: results must not differ."""
+def mode(request: pytest.FixtureRequest, roots) -> str:
+    """Runs the test through a cold root and through a warm pool: results must not differ."""
     from sandloop import runner
 
-    previous = runner.use_dispatcher(dispatchers[request.param])
+    previous = runner.use_root(roots[request.param])
     yield request.param
-    runner.use_dispatcher(previous)
+    runner.use_root(previous)
 
 
 @pytest.fixture
-def limits(runtime: str, mode: str, dispatchers) -> SandboxLimits:
+def limits(runtime: str, mode: str, roots) -> SandboxLimits:
     """The default limits on the runtime under test (pool pre-warmed in warm mode)."""
     lim = SandboxLimits(runtime=runtime)
     if mode == "warm":
-        from sandloop.images import runtime_image
         from sandloop.runtime.base import SandboxSpec
 
-        assert dispatchers["warm"].prewarm(SandboxSpec(runtime_image(), lim), timeout=120), "pool did not fill"
+        warm = roots["warm"]
+        assert warm.dispatcher.prewarm(SandboxSpec(warm.image, lim), timeout=120), "pool did not fill"
     return lim

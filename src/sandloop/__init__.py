@@ -3,37 +3,58 @@
 >>> from sandloop import run_code
 >>> run_code('print("hi")').stdout
 'hi\\n'
+
+``Sandloop`` is the composition root (backend, warm pool, sessions, settings); ``run_code`` and
+``Session`` use a default one built on first use.
 """
 
 from sandloop.contract import (
+    CellResult,
     EngineUnavailable,
     ExecutionResult,
     ImageMissing,
     InvalidArgument,
     InvalidLimits,
+    PathRefused,
     RuntimeUnavailable,
     SandboxBusy,
     SandboxError,
     SandboxLimits,
+    SessionNotFound,
+    TooLarge,
     UnknownLanguage,
+    WorkspaceFileNotFound,
+    WorkspaceFull,
 )
 from sandloop.languages import Language
+from sandloop.root import Sandloop
 from sandloop.runner import run_code
+from sandloop.sessions import Session
+from sandloop.settings import Settings
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CellResult",
     "EngineUnavailable",
     "ExecutionResult",
     "ImageMissing",
     "InvalidArgument",
     "InvalidLimits",
     "Language",
+    "PathRefused",
     "RuntimeUnavailable",
     "SandboxBusy",
     "SandboxError",
     "SandboxLimits",
+    "Sandloop",
+    "Session",
+    "SessionNotFound",
+    "Settings",
+    "TooLarge",
     "UnknownLanguage",
+    "WorkspaceFileNotFound",
+    "WorkspaceFull",
     "__version__",
     "run_code",
 ]

@@ -5,14 +5,16 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sandloop import languages
 from sandloop.contract import DEFAULT_LIMITS, ExecutionResult, InvalidArgument, SandboxLimits
-from sandloop.images import runtime_image
 from sandloop.pool.dispatcher import Dispatcher
-from sandloop.runtime.base import RunRequest
+from sandloop.runtime.base import FullBackend, RunRequest
 from sandloop.settings import Settings
+
+if TYPE_CHECKING:
+    from sandloop.root import Sandloop
 
 #: Longest timeout a single run may ask for (a day). Anything longer is a mistake, not a job.
 MAX_TIMEOUT_SECONDS = 24 * 3600
@@ -21,48 +23,47 @@ MAX_CODE_BYTES = 16 * 1024 * 1024
 MAX_STDIN_BYTES = 64 * 1024 * 1024
 
 _lock = threading.Lock()
-_dispatcher: Dispatcher | None = None
+_root: Sandloop | None = None
+
+
+def default_root() -> Sandloop:
+    """The process-wide ``Sandloop``, built on first use from ``SANDLOOP_*`` settings
+    (``SANDLOOP_POOL_SIZE=0`` disables the warm pool)."""
+    global _root
+    with _lock:
+        if _root is None:
+            from sandloop.root import Sandloop
+
+            _root = Sandloop()
+        return _root
 
 
 def default_dispatcher() -> Dispatcher:
-    """The process-wide dispatcher (Docker backend, warm pool, admission), created on first use.
+    return default_root().dispatcher
 
-    Settings come from ``SANDLOOP_*`` environment variables (``SANDLOOP_POOL_SIZE=0`` disables
-    the warm pool).
-    """
-    global _dispatcher
+
+def use_root(root: Sandloop | None) -> Sandloop | None:
+    """Make ``root`` the process-wide one without closing the previous, which is returned."""
+    global _root
     with _lock:
-        if _dispatcher is None:
-            from sandloop.runtime.docker_engine import DockerBackend
-
-            _dispatcher = Dispatcher(DockerBackend(), Settings())
-        return _dispatcher
-
-
-def use_dispatcher(dispatcher: Dispatcher | None) -> Dispatcher | None:
-    """Make ``dispatcher`` the process-wide one without closing the previous, which is returned."""
-    global _dispatcher
-    with _lock:
-        old, _dispatcher = _dispatcher, dispatcher
+        old, _root = _root, root
     return old
 
 
 def shutdown() -> None:
-    """Close the process-wide dispatcher, if any: its warm sandboxes are removed now rather than
-    left for the reaper. A long-running front end calls this when it stops."""
-    old = use_dispatcher(None)
+    """Close the process-wide root, if any: its warm sandboxes are removed now rather than left
+    for the reaper. A long-running front end calls this when it stops."""
+    old = use_root(None)
     if old is not None:
         old.close()
 
 
-def configure(settings: Settings | None = None, backend: Any = None) -> Dispatcher:
-    """Replace the process-wide dispatcher (closing the old one): other settings or another engine."""
-    global _dispatcher
-    from sandloop.runtime.docker_engine import DockerBackend
+def configure(settings: Settings | None = None, backend: FullBackend | None = None) -> Sandloop:
+    """Replace the process-wide root (closing the old one): other settings or another backend."""
+    from sandloop.root import Sandloop
 
-    new = Dispatcher(backend or DockerBackend(), settings or Settings())
-    with _lock:
-        old, _dispatcher = _dispatcher, new
+    new = Sandloop(settings, backend=backend)
+    old = use_root(new)
     if old is not None:
         old.close()
     return new
@@ -99,6 +100,7 @@ def build_request(
     limits: SandboxLimits | None = None,
     stdin: str | bytes | None = None,
     on_output: Callable[[str, bytes], None] | None = None,
+    image: str | None = None,
 ) -> RunRequest:
     """Validate ``run_code``'s arguments into a ``RunRequest`` (raises ``SandboxError`` subclasses)."""
     if limits is None:
@@ -109,7 +111,7 @@ def build_request(
     return RunRequest(
         code=_as_bytes(code, "code", MAX_CODE_BYTES),
         language=lang,
-        image=lang.image or runtime_image(),
+        image=lang.image or image or default_root().image,
         timeout_seconds=check_timeout(timeout_seconds),
         limits=limits,
         stdin=_as_bytes(stdin, "stdin", MAX_STDIN_BYTES),
@@ -132,5 +134,4 @@ def run_code(
     ``ExecutionResult``. Only the sandbox failing raises ``SandboxError``. Thread-safe.
     ``on_output("stdout" | "stderr", data)`` sees output as it arrives (what the result keeps).
     """
-    request = build_request(code, language, timeout_seconds, limits=limits, stdin=stdin, on_output=on_output)
-    return default_dispatcher().run(request)
+    return default_root().run_code(code, language, timeout_seconds, limits=limits, stdin=stdin, on_output=on_output)

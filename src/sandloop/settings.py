@@ -1,14 +1,73 @@
-"""Process-wide settings, from the environment (``SANDLOOP_*``) or set in code."""
+"""Settings, from the environment (``SANDLOOP_*``) or set in code; read once, by the composition
+root (``sandloop.Sandloop``), never at import time.
+
+The backend is chosen by a discriminated union (``backend.type``), each member with a lazy
+``build()``: ``SANDLOOP_BACKEND=docker`` (default) or ``fake`` (the test double), or
+``SANDLOOP_BACKEND='{"type": "docker", "base_url": "tcp://..."}'``. A new backend adds a member.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from sandloop.runtime.base import FullBackend
+
+
+def default_home() -> Path:
+    """Where sandloop keeps sessions and tokens: ``$SANDLOOP_HOME``, else /var/lib/sandloop as
+    root, else the user's data directory."""
+    if os.environ.get("SANDLOOP_HOME"):
+        return Path(os.environ["SANDLOOP_HOME"])
+    if os.geteuid() == 0:
+        return Path("/var/lib/sandloop")
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "sandloop"
+
+
+class DockerConfig(BaseModel):
+    """A Docker engine (dockerd), with runc or runsc (gVisor) as the OCI runtime."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["docker"] = "docker"
+    base_url: str | None = Field(None, description="The engine's URL; default: DOCKER_HOST or the local socket.")
+
+    def build(self, settings: Settings) -> FullBackend:
+        from sandloop.runtime.docker import DockerBackend
+
+        return DockerBackend(self.base_url, call_timeout=settings.engine_timeout, home=settings.home)
+
+
+class FakeConfig(BaseModel):
+    """The test double: the launcher protocol against local subprocesses. No isolation at all."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["fake"] = "fake"
+
+    def build(self, settings: Settings) -> FullBackend:
+        from sandloop.testing.fake import FakeBackend
+
+        return FakeBackend(home=settings.home)
+
+
+BackendConfig = Annotated[DockerConfig | FakeConfig, Field(discriminator="type")]
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SANDLOOP_", extra="ignore")
 
+    backend: BackendConfig = Field(default_factory=DockerConfig, description="Where sandboxes run.")
+    home: Path = Field(default_factory=default_home, description="Sessions' records and workspaces, tokens.")
+    image: str | None = Field(
+        None, description="The runtime image; default: the one the recipe in this version builds."
+    )
+    engine_timeout: float = Field(30, gt=0, description="Seconds any single engine call may take.")
     pool_size: int = Field(2, ge=0, le=256, description="Warm sandboxes kept per pool key; 0 disables the pool.")
     pool_refill_concurrency: int = Field(2, ge=1, le=64, description="Sandboxes a pool creates at once.")
     pool_idle_seconds: float = Field(
@@ -19,6 +78,19 @@ class Settings(BaseSettings):
     max_creating: int = Field(4, ge=1, le=256, description="Most container creations in flight at once.")
     queue_wait_seconds: float = Field(30, ge=0, description="Longest a run waits for a slot before SandboxBusy.")
     reap_interval_seconds: float = Field(60, gt=0, description="How often a long-running process reaps.")
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend_by_name(cls, value: Any) -> Any:
+        return {"type": value} if isinstance(value, str) and not value.lstrip().startswith("{") else value
+
+    def build_backend(self) -> FullBackend:
+        return self.backend.build(self)
+
+    def runtime_image(self) -> str:
+        from sandloop.images.recipe_hash import default_runtime_image
+
+        return self.image or default_runtime_image()
 
 
 def load_settings() -> Settings:

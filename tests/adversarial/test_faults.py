@@ -14,7 +14,7 @@ import pytest
 from sandloop import EngineUnavailable, ExecutionResult, ImageMissing, SandboxError, SandboxLimits, run_code
 from sandloop.pool import Dispatcher
 from sandloop.runner import build_request
-from sandloop.runtime.docker_engine import DockerBackend
+from sandloop.runtime.docker import DockerBackend
 from sandloop.settings import Settings
 from tests.helpers import our_containers
 
@@ -63,12 +63,14 @@ def test_engine_stopped_mid_run_then_recovery():
     assert our_containers(patience=90) == []
 
 
-def test_missing_image_names_the_command(monkeypatch):
-    monkeypatch.setenv("SANDLOOP_IMAGE", "sandloop-runtime:not-built")
-    d = Dispatcher(DockerBackend(), Settings(pool_size=0))
-    with pytest.raises(ImageMissing, match="sandloop images build"):
-        d.run(build_request("print(1)"))
-    d.close()
+def test_missing_image_names_the_command(tmp_path):
+    from sandloop import Sandloop
+
+    with (
+        Sandloop(Settings(pool_size=0, image="sandloop-runtime:not-built", home=tmp_path)) as root,
+        pytest.raises(ImageMissing, match="sandloop images build"),
+    ):
+        root.run_code("print(1)")
 
 
 def test_many_callers_never_get_each_others_results(runtime):

@@ -122,9 +122,15 @@ def test_rate_limit_is_a_429_with_retry_after(server):
     assert int(r.headers["retry-after"]) >= 1 and r.json()["code"] == "rate_limited"
 
 
-def test_engine_trouble_is_a_503(alice, monkeypatch):
-    monkeypatch.setenv("SANDLOOP_IMAGE", "sandloop-runtime:not-built")
-    r = alice.post("/v1/runs", json={"code": "print(1)"})
+def test_engine_trouble_is_a_503(server, alice, tmp_path):
+    from sandloop import Sandloop, Settings
+
+    url, tokens = server
+    with (
+        Sandloop(Settings(image="sandloop-runtime:not-built", home=tmp_path)) as broken,
+        serve_in_thread(create_app(tokens, sandloop=broken)) as broken_url,
+    ):
+        r = httpx.post(f"{broken_url}/v1/runs", json={"code": "print(1)"}, headers=alice.headers)
     assert (
         r.status_code == 503
         and r.json()["code"] == "engine_unavailable"

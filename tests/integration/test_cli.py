@@ -112,15 +112,16 @@ def test_a_stopped_server_leaves_no_warm_sandbox(tmp_path, args):
             asyncio.run(one_run())
         client = docker.from_env()
         try:
+            # one listing call (no per-container inspect that races with the pool replacing sandboxes)
             mine = [
-                c
-                for c in client.containers.list(all=True, filters={"label": "sandloop.owner"})
-                if f":{proc.pid}:" in c.labels["sandloop.owner"]
+                c["Id"]
+                for c in client.api.containers(all=True, filters={"label": "sandloop.owner"})
+                if f":{proc.pid}:" in c["Labels"]["sandloop.owner"]
             ]
             assert mine, "the server kept no warm sandbox: nothing to check"
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after its shutdown
-            left = [c.id for c in mine if _exists(client, c.id)]
+            left = [cid for cid in mine if _exists(client, cid)]
         finally:
             client.close()
     assert left == []

@@ -7,7 +7,7 @@ import pytest
 from sandloop import EngineUnavailable, ImageMissing, SandboxLimits
 from sandloop.runner import build_request
 from sandloop.runtime.base import RunRequest
-from sandloop.runtime.docker_engine import DockerBackend
+from sandloop.runtime.docker import DockerBackend
 from tests.helpers import our_containers
 
 
@@ -20,9 +20,14 @@ def test_missing_image_names_the_build_command():
 
 
 class _EngineDiesAfterStart(DockerBackend):
-    @staticmethod
-    def _pump(sock, deadline, demux):
-        raise EngineUnavailable("simulated: the engine dropped the stream mid-run")
+    def launch(self, spec, *, purpose, lifetime_seconds):
+        sandbox = super().launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
+
+        def read(timeout):
+            raise EngineUnavailable("simulated: the engine dropped the stream mid-run")
+
+        sandbox.channel.read = read  # the transport fails after the container started
+        return sandbox
 
 
 def test_engine_error_mid_run_still_removes_the_container():

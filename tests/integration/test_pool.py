@@ -17,7 +17,7 @@ from sandloop.images import runtime_image
 from sandloop.pool import Dispatcher, reap
 from sandloop.runner import build_request
 from sandloop.runtime.base import SandboxSpec
-from sandloop.runtime.docker_engine import DockerBackend
+from sandloop.runtime.docker import DockerBackend
 from sandloop.settings import Settings
 from tests.helpers import our_containers
 

@@ -18,12 +18,18 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 
 
 def test_the_readme_has_the_examples_this_file_runs():
-    assert len(BLOCKS) == 3, "a Python block was added to or removed from the README: run it here too"
+    assert len(BLOCKS) == 4, "a Python block was added to or removed from the README: run it here too"
 
 
 def test_run_code_example(capsys):
     exec(compile(BLOCKS[0], "README.md:run_code", "exec"), {})
     assert capsys.readouterr().out == "hi\n 0 True\n"
+
+
+def test_sandloop_example(capsys):
+    exec(compile(BLOCKS[1], "README.md:Sandloop", "exec"), {})
+    assert capsys.readouterr().out.startswith("42\n\n42\ndocker ReapReport(")
+    assert our_containers() == []
 
 
 def test_sessions_example(tmp_path, monkeypatch, capsys):
@@ -32,7 +38,7 @@ def test_sessions_example(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     before = {r.id for r in Session.list()}
     namespace: dict = {}
-    exec(compile(BLOCKS[1], "README.md:sessions", "exec"), namespace)
+    exec(compile(BLOCKS[2], "README.md:sessions", "exec"), namespace)
     assert capsys.readouterr().out == "np.int64(200)\n"  # the cell's value is its repr, as in Jupyter
     assert {r.id for r in Session.list()} == before, "the example leaves a session behind"
     assert our_containers() == []
@@ -42,7 +48,7 @@ def test_agent_example(monkeypatch, capsys):
     with FakeProviderServer([anthropic_text("102334155"), openai_completion("102334155")]) as fake:
         monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
         monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
-        code = BLOCKS[2].replace("http://localhost:11434/v1", fake.url + "/v1")
+        code = BLOCKS[3].replace("http://localhost:11434/v1", fake.url + "/v1")
         exec(compile(code, "README.md:agent", "exec"), {})
     out = capsys.readouterr().out
     assert out.startswith("102334155 answered 1 Usage(") and len(fake.requests) == 2, out

@@ -14,7 +14,7 @@ import pytest
 
 from sandloop import SandboxLimits
 from sandloop.contract import PathRefused, SessionNotFound, WorkspaceFileNotFound
-from sandloop.sessions import Session, SessionStore
+from sandloop.sessions import Session
 from tests.helpers import our_containers
 
 
@@ -232,9 +232,9 @@ def test_ttl_expiry_removes_session_and_workspace():
     sid, record = s.id, s.record
     s.close()
     time.sleep(1.5)
-    from sandloop.runner import default_dispatcher
+    from sandloop.runner import default_root
 
-    store = SessionStore(default_dispatcher().backend)
+    store = default_root().sessions
     # Any process on this machine may reap it first (another suite sharing SANDLOOP_HOME did):
     # what matters is that it is gone, with everything it had.
     assert sid in store.reap_expired() or not (store.root / sid).exists()
@@ -256,7 +256,9 @@ def test_delete_leaves_nothing_behind():
     client = docker.from_env()
     assert client.containers.list(all=True, filters={"label": f"sandloop.session={sid}"}) == []
     assert client.volumes.list(filters={"name": volume}) == []
-    assert not (SessionStore(None).root / sid).exists()
+    from sandloop.runner import default_root
+
+    assert not (default_root().sessions.root / sid).exists()
     with open("/proc/mounts") as f:
         assert sid not in f.read()
     assert our_containers() == []

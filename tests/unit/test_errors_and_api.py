@@ -12,23 +12,32 @@ from sandloop import (
     SandboxError,
     SandboxLimits,
 )
-from sandloop.runtime.docker_engine import DockerBackend, engine_errors
+from sandloop.runtime.docker import DockerBackend, engine_errors
 
 
 def test_public_api_is_what_it_should_be():
     assert sorted(sandloop.__all__) == sorted(
         [
+            "CellResult",
             "EngineUnavailable",
             "ExecutionResult",
             "ImageMissing",
             "InvalidArgument",
             "InvalidLimits",
             "Language",
+            "PathRefused",
             "RuntimeUnavailable",
             "SandboxBusy",
             "SandboxError",
             "SandboxLimits",
+            "Sandloop",
+            "Session",
+            "SessionNotFound",
+            "Settings",
+            "TooLarge",
             "UnknownLanguage",
+            "WorkspaceFileNotFound",
+            "WorkspaceFull",
             "__version__",
             "run_code",
         ]
@@ -68,6 +77,9 @@ def _api_error(status, text):
         (_api_error(500, "Unknown runtime specified runsc"), RuntimeUnavailable, "engine-up.sh"),
         (_api_error(400, "Range of CPUs is from 0.01 to 2.00"), InvalidLimits, "Range of CPUs"),
         (_api_error(500, "something broke"), EngineUnavailable, "something broke"),
+        # a conflict or a refusal is the engine's state, not the caller's limits
+        (_api_error(409, "container is marked for removal"), EngineUnavailable, "409"),
+        (_api_error(403, "operation not permitted"), EngineUnavailable, "403"),
         (requests.exceptions.ConnectionError("refused"), EngineUnavailable, "engine-up.sh"),
         (requests.exceptions.ReadTimeout("slow"), EngineUnavailable, "did not answer"),
         (docker.errors.DockerException("no socket"), EngineUnavailable, "DOCKER_HOST"),
@@ -81,10 +93,46 @@ def test_foreign_exceptions_are_mapped_once(exc, expected, fragment):
 
 
 def test_no_engine_is_a_sandbox_error_that_says_what_to_do(tmp_path):
-    backend = DockerBackend(base_url=f"unix://{tmp_path}/no-such-docker.sock", call_timeout=2)
+    backend = DockerBackend(base_url=f"unix://{tmp_path}/no-such-docker.sock", call_timeout=2, home=tmp_path)
     from sandloop.runner import build_request
 
     with pytest.raises(EngineUnavailable) as info:
-        backend.run(build_request("print(1)", limits=SandboxLimits()))
+        backend.run(build_request("print(1)", limits=SandboxLimits(), image="sandloop-runtime:any"))
     assert "docker" in str(info.value).lower()
     assert isinstance(info.value, SandboxError) and info.value.retryable
+
+
+def test_every_error_has_a_stable_code():
+    import sandloop.contract.errors as errors
+
+    classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, SandboxError)]
+    codes = [c.code for c in classes]
+    assert len(classes) >= 12 and len(set(codes)) == len(codes), codes  # one distinct code each
+    assert all(c.code == c.code.lower() and " " not in c.code for c in classes)
+
+
+def test_layers_above_the_runtime_import_no_backend():
+    """The seam holds: pool, sessions, server, cli and agent never import a backend or docker-py
+    (only the composition root's settings build one, lazily)."""
+    import ast
+    from pathlib import Path
+
+    src = Path(sandloop.__file__).parent
+    offenders = []
+    for layer in ("pool", "sessions", "server", "cli", "agent"):
+        for path in (src / layer).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                for name in names:
+                    if name == "docker" or name.startswith(
+                        ("docker.", "sandloop.runtime.docker", "sandloop.testing.fake")
+                    ):
+                        offenders.append(f"{path.relative_to(src)}: {name}")
+    assert offenders == []

@@ -1,36 +1,60 @@
 import random
 
-from sandloop.runtime.docker_engine import _CappedStream, _Demuxer
+from sandloop.runtime.docker.stream import FrameDemux
+from sandloop.runtime.protocol import END_MARKER, CappedStream, Collector
 
 
 def _frame(stream: int, data: bytes) -> bytes:
     return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
 
 
-def test_demuxer_routes_frames_split_at_any_byte():
+def test_frames_split_at_any_byte_are_routed_whole():
     frames = [(1, b"out-1 "), (2, b"err-1 "), (1, b"x" * 70000), (2, b""), (1, b"tail")]
     wire = b"".join(_frame(s, d) for s, d in frames)
     rng = random.Random(7)
     for _ in range(50):
-        out, err = _CappedStream(10**6), _CappedStream(10**6)
-        demux = _Demuxer(out, err)
+        out, err = CappedStream(10**6), CappedStream(10**6)
+        collector = Collector(out, err, None)
+        demux = FrameDemux()
         i = 0
         while i < len(wire):
             step = rng.randint(1, 9000)
-            demux.feed(wire[i : i + step])
+            for stream, chunk in demux.feed(wire[i : i + step]):
+                collector.feed(stream, chunk)
             i += step
         assert bytes(out.data) == b"out-1 " + b"x" * 70000 + b"tail"
         assert bytes(err.data) == b"err-1 "
 
 
+def test_end_lines_split_across_reads_are_found_and_late_output_carries_over():
+    line = END_MARKER + b"n1:0:payload\n"
+    stream = b"hello " + line + b"late"
+    for cut in range(1, len(stream)):
+        out, err = CappedStream(100), CappedStream(100)
+        c = Collector(out, err, "n1")
+        c.feed(1, stream[:cut])
+        c.feed(1, stream[cut:])
+        c.feed(2, END_MARKER + b"n1:0\n")
+        assert (bytes(out.data), c.exit_status, c.payload) == (b"hello ", 0, b"payload")
+        following = c.next(CappedStream(100), CappedStream(100), "n2")
+        assert bytes(following.stdout.data) == b"late"
+
+
+def test_a_forged_end_line_with_another_nonce_is_output():
+    out, err = CappedStream(100), CappedStream(100)
+    c = Collector(out, err, "real")
+    c.feed(1, END_MARKER + b"fake:0\nafter")
+    assert c.exit_status is None and bytes(out.data).endswith(b"after")
+
+
 def test_capped_stream_keeps_the_head_and_counts_the_rest():
-    s = _CappedStream(10)
+    s = CappedStream(10)
     for chunk in (b"12345", b"67890abc", b"def"):
         s.feed(chunk)
     assert bytes(s.data) == b"1234567890" and s.dropped == 6
 
 
 def test_invalid_utf8_is_replaced_not_raised():
-    s = _CappedStream(100)
+    s = CappedStream(100)
     s.feed(b"ok \xff\xfe \x00 end")
     assert s.text() == "ok \ufffd\ufffd \x00 end"

@@ -80,7 +80,8 @@ def run_agent(
     transcript: list[Turn] = [UserTurn(task)]
     usage: Usage | None = None
     for iteration in range(1, max_iterations + 1):
-        turn = client.next_turn(transcript, tools=specs) if pass_tools else client.next_turn(transcript)
+        # Adapters that take the tool specs get them; a bare LLMClient only sees the transcript.
+        turn = client.next_turn(transcript, tools=specs) if pass_tools else client.next_turn(transcript)  # type: ignore[call-arg]
         if not isinstance(turn, AssistantTurn):
             raise TypeError(f"{type(client).__name__}.next_turn returned {type(turn).__name__}, not AssistantTurn")
         transcript.append(turn)

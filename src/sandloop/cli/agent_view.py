@@ -35,6 +35,7 @@ class AgentView:
         elif isinstance(turn, ToolCall):
             code = turn.arguments.get("code") if isinstance(turn.arguments.get("code"), str) else None
             lang = str(turn.arguments.get("language") or "python")
+            body: Syntax | Text
             if code is not None and turn.name == "execute_code":
                 body = Syntax(_clip(code), _LEXERS.get(lang, "text"), line_numbers=False, word_wrap=True)
             else:

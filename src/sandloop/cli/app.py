@@ -12,15 +12,18 @@ import shlex
 import stat
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from sandloop import languages
-from sandloop.contract import SandboxError, SandboxLimits
+from sandloop.contract import ExecutionResult, SandboxError, SandboxLimits
 from sandloop.notes import sandbox_notes
+
+if TYPE_CHECKING:
+    from sandloop.sessions import Session
 
 EXIT_TIMEOUT = 124
 EXIT_SANDBOX = 125
@@ -147,68 +150,17 @@ def doctor(
     smoke: Annotated[bool, typer.Option("--smoke/--no-smoke", help="Also run print(1) on each runtime.")] = True,
 ) -> None:
     """Check the engine, the runtimes and the images, and say how to fix what is missing."""
-    from sandloop.images import runtime_image
-    from sandloop.runner import run_code
-    from sandloop.runtime.docker_engine import DockerBackend
+    from sandloop.checks import healthy, run_checks
+    from sandloop.runner import default_root
 
+    colour = {"ok": "green", "missing": "red", "off": "yellow", "failed": "red"}
+    checks = run_checks(default_root(), smoke=smoke)
     table = Table("check", "status", "detail / fix", show_lines=False)
-    healthy = True
-    backend = DockerBackend()
-    try:
-        info = backend.info()
-    except SandboxError as exc:
-        table.add_row("docker engine", "[red]missing[/]", f"{exc}")
-        out.print(table)
-        raise typer.Exit(1) from None
-    table.add_row(
-        "docker engine",
-        "[green]ok[/]",
-        f"{info.get('ServerVersion')} ({info.get('Driver')}, cgroup v{info.get('CgroupVersion', '?')})",
-    )
-    runtimes = set(info.get("Runtimes", {}))
-    for rt in ("runc", "runsc"):
-        if rt in runtimes:
-            table.add_row(f"runtime {rt}", "[green]ok[/]", "registered")
-        else:
-            if rt == "runc":
-                healthy = False
-            table.add_row(
-                f"runtime {rt}", "[yellow]missing[/]", "run scripts/engine-up.sh as root to register gVisor (runsc)"
-            )
-    import os
-    import shutil
-
-    if os.geteuid() == 0 and shutil.which("mkfs.ext4") and shutil.which("mount"):
-        table.add_row("session quotas", "[green]ok[/]", "root with mkfs.ext4: workspaces are quota'd ext4 images")
-    else:
-        table.add_row(
-            "session quotas", "[yellow]off[/]", "needs root and mkfs.ext4 (e2fsprogs): workspaces get no quota"
-        )
-    image = runtime_image()
-    have_image = backend.image_exists(image)
-    if have_image:
-        table.add_row("runtime image", "[green]ok[/]", image)
-    else:
-        healthy = False
-        table.add_row("runtime image", "[red]missing[/]", f"{image}: build it with `sandloop images build`")
-    if smoke and have_image:
-        for rt in ("runc", "runsc"):
-            if rt not in runtimes:
-                continue
-            try:
-                r = run_code("print(1)", limits=SandboxLimits(runtime=rt), timeout_seconds=60)
-                good = r.ok and r.stdout == "1\n"
-                healthy &= good
-                table.add_row(
-                    f"run on {rt}",
-                    "[green]ok[/]" if good else "[red]failed[/]",
-                    f"{r.duration_seconds * 1000:.0f} ms; exit {r.exit_code} {r.stderr[-200:]}",
-                )
-            except SandboxError as exc:
-                healthy = False
-                table.add_row(f"run on {rt}", "[red]failed[/]", str(exc))
+    for c in checks:
+        shade = colour[c.status] if c.essential or c.status == "ok" else "yellow"
+        table.add_row(c.name, f"[{shade}]{c.status}[/]", c.detail)
     out.print(table)
-    raise typer.Exit(0 if healthy else 1)
+    raise typer.Exit(0 if healthy(checks) else 1)
 
 
 @images_app.command("build")
@@ -254,7 +206,7 @@ def agent(
         str, typer.Option("--provider", "-p", help="anthropic or openai (also any OpenAI-compatible server).")
     ] = "anthropic",
     model: Annotated[
-        str | None, typer.Option("--model", "-m", help="Model name (default: claude-sonnet-4-5 / gpt-4o).")
+        str | None, typer.Option("--model", "-m", help="Model name (default: claude-sonnet-5-5 / gpt-4o).")
     ] = None,
     base_url: Annotated[
         str | None, typer.Option("--base-url", help="Provider endpoint, e.g. http://localhost:11434/v1 for Ollama.")
@@ -314,40 +266,34 @@ def agent(
 def reap(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be removed.")] = False,
 ) -> None:
-    """Remove sandloop containers and volumes that expired or whose owner process is gone."""
-    from sandloop.pool.reaper import reap as do_reap
-    from sandloop.runtime.docker_engine import DockerBackend
+    """Remove sandloop containers and volumes that expired or whose owner process is gone, and
+    sessions idle past their TTL."""
+    from sandloop.runner import default_root
 
     try:
-        backend = DockerBackend()
-        found = do_reap(backend, dry_run=dry_run)
-        if not dry_run:
-            from sandloop.pool.reaper import Reaped
-            from sandloop.sessions import SessionStore
-
-            found += [
-                Reaped("session", sid, "", "session", "idle past its ttl")
-                for sid in SessionStore(backend).reap_expired()
-            ]
+        report = default_root().reap(dry_run=dry_run)
     except SandboxError as exc:
         raise _fail(str(exc)) from None
     table = Table("kind", "id", "purpose", "owner", "reason")
-    for item in found:
+    for item in report.items:
         table.add_row(item.kind, item.id[:12], item.purpose, item.owner, item.reason)
+    for sid in report.expired_sessions:
+        table.add_row("session", sid, "session", "", "idle past its ttl")
+    found = len(report.items) + len(report.expired_sessions)
     if found:
         out.print(table)
     verb = "would remove" if dry_run else "removed"
-    out.print(f"{verb} {len(found)} item(s)")
+    out.print(f"{verb} {found} item(s)")
 
 
-def _exit_for(result) -> typer.Exit:
+def _exit_for(result: ExecutionResult) -> typer.Exit:
     """The program's exit code; 124 when the sandbox killed it for time."""
     if result.timed_out:
         return typer.Exit(EXIT_TIMEOUT)
     return typer.Exit(result.exit_code if 0 <= result.exit_code <= 255 else 1)
 
 
-def _session(session_id: str):
+def _session(session_id: str) -> Session:
     from sandloop.runner import configure
     from sandloop.sessions import Session
     from sandloop.settings import Settings
@@ -360,7 +306,7 @@ def _session(session_id: str):
         raise _fail(str(exc)) from None
 
 
-def _print_result(result, as_json: bool) -> None:
+def _print_result(result: ExecutionResult, as_json: bool) -> None:
     """The program's streams to ours (or the whole result as JSON); the sandbox's notes on stderr."""
     from sandloop.present import result_json, stream_bytes
 
@@ -531,9 +477,9 @@ def session_cp(
                 is_file = len(entries) == 1 and entries[0]["type"] == "file" and r_src[1].endswith(entries[0]["name"])
                 if is_file:
                     data = s.read_file(r_src[1])
-                    target = Path(dst) / Path(r_src[1]).name if Path(dst).is_dir() else Path(dst)
-                    target.write_bytes(data)
-                    out.print(f"wrote {len(data)} bytes to {target}")
+                    dest = Path(dst) / Path(r_src[1]).name if Path(dst).is_dir() else Path(dst)
+                    dest.write_bytes(data)
+                    out.print(f"wrote {len(data)} bytes to {dest}")
                 else:
                     import io
                     import tarfile
@@ -611,7 +557,8 @@ def serve(
 
     _warn_if_exposed(host, "the HTTP API")
     # The warm pool's sandboxes go when the server stops, not at the next reap.
-    app_ = at_shutdown(create_app(providers=endpoints, metrics_access=metrics), shutdown)
+    access: Literal["token", "open", "off"] = metrics  # type: ignore[assignment]  # checked above
+    app_ = at_shutdown(create_app(providers=endpoints, metrics_access=access), shutdown)
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sandloop.contract import SandboxError
 from sandloop.images.recipe_hash import RECIPE_DIR, RUNTIME_FILES, SUITE, base_tag, runtime_image
-from sandloop.runtime.docker_engine import DockerBackend, DockerImages
+from sandloop.runtime.docker import DockerBackend, DockerImages
 
 Progress = Callable[[str], None]
 DEFAULT_MIRROR = "http://deb.debian.org/debian"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 from pathlib import Path
 
 RECIPE_DIR = Path(__file__).with_name("recipe")
@@ -34,6 +33,13 @@ def base_tag() -> str:
     return f"sandloop-base:{_digest(BASE_FILES)}"
 
 
+def default_runtime_image() -> str:
+    """The runtime image this version's recipe builds."""
+    return f"sandloop-runtime:{recipe_hash()}"
+
+
 def runtime_image() -> str:
-    """The default runtime image's name; ``SANDLOOP_IMAGE`` overrides it."""
-    return os.environ.get("SANDLOOP_IMAGE") or f"sandloop-runtime:{recipe_hash()}"
+    """The runtime image the current settings name (``SANDLOOP_IMAGE``, else the recipe's)."""
+    from sandloop.settings import Settings
+
+    return Settings().runtime_image()

@@ -13,18 +13,23 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from sandloop.contract import ExecutionResult, ImageMissing, InvalidLimits, RuntimeUnavailable
 from sandloop.pool.admission import Admission
 from sandloop.pool.warm import WarmPool
-from sandloop.runtime.base import RunRequest, SandboxSpec
+from sandloop.runtime.base import Backend, Housekeeping, RunRequest, Sandbox, SandboxSpec
 from sandloop.settings import Settings
 
 log = logging.getLogger(__name__)
 
 _live: weakref.WeakSet[Dispatcher] = weakref.WeakSet()
+
+
+class DispatchBackend(Backend[Any], Housekeeping, Protocol):
+    """What a dispatcher needs: sandbox lifecycle, and housekeeping for its upkeep."""
 
 
 def live_dispatchers() -> list[Dispatcher]:
@@ -39,7 +44,7 @@ def _close_all() -> None:
 
 
 class Dispatcher:
-    def __init__(self, backend: Any, settings: Settings | None = None) -> None:
+    def __init__(self, backend: DispatchBackend, settings: Settings | None = None) -> None:
         self.backend = backend
         self.settings = settings or Settings()
         s = self.settings
@@ -80,7 +85,7 @@ class Dispatcher:
             finally:
                 self.destroy_later(sandbox)
 
-    def destroy_later(self, sandbox: Any) -> None:
+    def destroy_later(self, sandbox: Sandbox) -> None:
         with self._pending_cond:
             self._pending += 1
         try:
@@ -88,7 +93,7 @@ class Dispatcher:
         except RuntimeError:  # shutting down: do it now
             self._destroy_now(sandbox)
 
-    def _destroy_now(self, sandbox: Any) -> None:
+    def _destroy_now(self, sandbox: Sandbox) -> None:
         try:
             self.backend.destroy(sandbox)
         finally:
@@ -108,10 +113,9 @@ class Dispatcher:
             pools = list(self._pools.values())
         if not (self.quiesce(timeout) and all(pool.wait_ready(timeout) or pool.failing for pool in pools)):
             return False
-        retry = getattr(self.backend, "retry_removals", lambda: 0)
-        while retry() and time.monotonic() < deadline:
+        while self.backend.retry_removals() and time.monotonic() < deadline:
             time.sleep(0.5)
-        return retry() == 0
+        return self.backend.retry_removals() == 0
 
     def pooled_ids(self) -> set[str]:
         """Container ids of the sandboxes waiting in pools (not leftovers)."""
@@ -147,7 +151,7 @@ class Dispatcher:
             threading.Thread(target=evicted.close, daemon=True).start()
         return pool
 
-    def drop_pools(self, matches: Any) -> None:
+    def drop_pools(self, matches: Callable[[SandboxSpec], bool]) -> None:
         """Close the pools whose spec ``matches`` (e.g. a session's, before its workspace goes)."""
         with self._lock:
             gone = [spec for spec in self._pools if matches(spec)]
@@ -194,7 +198,7 @@ class Dispatcher:
                 pools = list(self._pools.values())
             for pool in pools:
                 pool.expire()
-            getattr(self.backend, "retry_removals", lambda: 0)()
+            self.backend.retry_removals()
             if time.monotonic() - last_reap > self.settings.reap_interval_seconds:
                 last_reap = time.monotonic()
                 try:
@@ -214,7 +218,6 @@ class Dispatcher:
         for pool in pools:
             pool.close()
         self._destroyer.shutdown(wait=True)
-        retry = getattr(self.backend, "retry_removals", lambda: 0)
         deadline = time.monotonic() + 10  # an overloaded engine; the reaper has the rest
-        while retry() and time.monotonic() < deadline:
+        while self.backend.retry_removals() and time.monotonic() < deadline:
             time.sleep(0.5)

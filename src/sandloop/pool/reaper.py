@@ -1,6 +1,6 @@
 """The reaper: removes what sandloop created and nobody will clean up.
 
-A container or volume is reaped when it carries sandloop's labels and either its expiry has
+A sandbox or workspace is reaped when it carries sandloop's labels and either its expiry has
 passed or its owner process (on this host) is gone — e.g. SIGKILLed mid-run. Nothing without a
 ``sandloop.owner`` label is ever touched.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
+from sandloop.runtime.base import Housekeeping
 from sandloop.runtime.labels import LABEL_PREFIX, owner_alive
 
 
 @dataclass(frozen=True)
 class Reaped:
-    kind: str  # "container" or "volume"
+    kind: str  # "sandbox" or "workspace"
     id: str
     owner: str
     purpose: str
@@ -36,19 +36,17 @@ def _verdict(labels: dict[str, str], now: float) -> str | None:
     return None
 
 
-def reap(backend: Any, *, dry_run: bool = False, now: float | None = None) -> list[Reaped]:
-    """Remove stale sandloop containers and volumes; return what was (or would be) removed."""
+def reap(backend: Housekeeping, *, dry_run: bool = False, now: float | None = None) -> list[Reaped]:
+    """Remove stale sandloop sandboxes and workspaces; return what was (or would be) removed."""
     now = time.time() if now is None else now
     found: list[Reaped] = []
-    for kind, item_id, labels in backend.list_labelled(f"{LABEL_PREFIX}owner"):
-        reason = _verdict(labels, now)
+    for item in backend.owned():
+        labels = item.labels
+        reason = _verdict(dict(labels), now)
         if reason is None:
             continue
-        found.append(
-            Reaped(
-                kind, item_id, labels.get(f"{LABEL_PREFIX}owner", ""), labels.get(f"{LABEL_PREFIX}purpose", ""), reason
-            )
-        )
+        owner, purpose = labels.get(f"{LABEL_PREFIX}owner", ""), labels.get(f"{LABEL_PREFIX}purpose", "")
+        found.append(Reaped(item.kind, item.id, owner, purpose, reason))
         if not dry_run:
-            backend.remove_labelled(kind, item_id)
+            backend.remove(item)
     return found

@@ -13,22 +13,25 @@ import logging
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sandloop.pool.admission import Admission
-from sandloop.runtime.base import SandboxSpec
+from sandloop.runtime.base import Sandbox, SandboxSpec
 
 log = logging.getLogger(__name__)
 
 
 class PoolBackend(Protocol):
-    def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> Any: ...
+    """What a pool needs of a backend (a part of ``runtime.base.Backend``)."""
 
-    def is_alive(self, sandbox: Any) -> bool: ...
+    def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> Sandbox: ...
 
-    def destroy(self, sandbox: Any) -> None: ...
+    def is_alive(self, sandbox: Sandbox) -> bool: ...
+
+    def destroy(self, sandbox: Sandbox) -> None: ...
 
 
 @dataclass
@@ -67,7 +70,7 @@ class WarmPool:
         refill_concurrency: int,
         idle_seconds: float,
         admission: Admission,
-        destroy: Any,
+        destroy: Callable[[Sandbox], None],
     ) -> None:
         self.backend = backend
         self.spec = spec
@@ -75,7 +78,7 @@ class WarmPool:
         self.idle_seconds = idle_seconds
         self._admission = admission
         self._destroy = destroy  # callable(sandbox): off the critical path
-        self._ready: collections.deque[Any] = collections.deque()
+        self._ready: collections.deque[Sandbox] = collections.deque()
         self._cond = threading.Condition()
         self._refilling = 0
         self._waiters = 0
@@ -88,7 +91,7 @@ class WarmPool:
         self._refiller = ThreadPoolExecutor(refill_concurrency, thread_name_prefix="sandloop-refill")
 
     # -- taking -------------------------------------------------------------------------------
-    def take(self, wait_seconds: float = 5.0) -> Any | None:
+    def take(self, wait_seconds: float = 5.0) -> Sandbox | None:
         """A ready sandbox (never handed out before), or None: the caller takes the cold path.
 
         With none ready, waits for a refill already in flight when there are fewer waiters than
@@ -117,7 +120,7 @@ class WarmPool:
             self._top_up_locked()
         return sandbox
 
-    def _pop_healthy(self) -> Any | None:
+    def _pop_healthy(self) -> Sandbox | None:
         now = time.monotonic()
         while self._ready:
             sandbox = self._ready.popleft()
@@ -188,7 +191,7 @@ class WarmPool:
         """Drop sandboxes past their idle life; empty the pool when nobody used it for a while."""
         with self._cond:
             idle = time.monotonic() - self.last_used > self.idle_seconds
-            keep: collections.deque[Any] = collections.deque()
+            keep: collections.deque[Sandbox] = collections.deque()
             while self._ready:
                 sandbox = self._ready.popleft()
                 if idle or time.monotonic() - sandbox.started_at > self.idle_seconds:

@@ -1,19 +1,32 @@
-"""What a runtime backend is asked to do, and the wire protocol to the in-sandbox launcher."""
+"""The backend seam: what the layers above (pool, sessions, front ends) may ask of a runtime
+backend, and nothing more. One folder per backend implements it (``runtime/docker/``; the test
+double ``sandloop.testing.FakeBackend``); ``tests/contract/`` states what every one must do.
+
+Three roles, as typed Protocols:
+
+- ``Backend``: sandbox lifecycle. ``launch`` a sandbox whose launcher waits for one program,
+  ``execute`` one request in it, ``destroy`` it (never raises); ``run`` is launch + execute +
+  destroy. A session's interpreter is a sandbox too: ``run_cell`` sends it a cell, interrupting
+  after ``interrupt_after`` seconds and giving up ``grace`` seconds later; ``find_kernel`` finds a
+  session's interpreter another process started; ``detach`` lets go without destroying it.
+  ``info()`` says what the backend is and enforces.
+- ``Workspaces``: a session's persistent /workspace, kept apart from any sandbox.
+- ``Housekeeping``: everything the backend made carries sandloop's labels (``runtime/labels.py``);
+  ``owned()`` lists it, ``remove`` removes one item, ``remove_labelled`` all of a session's
+  sandboxes, ``retry_removals`` what an overloaded engine failed to remove.
+
+Handles (``Sandbox``, ``WorkspaceRef``) are opaque above this line: only the backend that made
+one looks inside.
+"""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from sandloop.contract import ExecutionResult, SandboxLimits
+from sandloop.contract import CellResult, ExecutionResult, SandboxLimits
 from sandloop.languages import Language
-
-#: Where the launcher writes the program inside the sandbox (on the /tmp tmpfs).
-STAGING_DIR = "/tmp/sandloop"
-#: The launcher's end-of-run line on stderr: EXIT_MARKER + nonce + b":" + status + b"\n".
-EXIT_MARKER = b"\0\x1esandloop-exit:"
 
 
 @dataclass(frozen=True)
@@ -24,7 +37,7 @@ class SandboxSpec:
     limits: SandboxLimits
     cwd: str = "/tmp"
     labels: tuple[tuple[str, str], ...] = ()
-    #: (volume name, mount point) pairs, e.g. a session's workspace at /workspace.
+    #: (workspace name, mount point) pairs, e.g. a session's workspace at /workspace.
     volumes: tuple[tuple[str, str], ...] = ()
     #: Arguments for the launcher (``("--kernel",)`` starts a session's stateful interpreter).
     command: tuple[str, ...] = ()
@@ -52,39 +65,136 @@ class RunRequest:
         return SandboxSpec(self.image, self.limits.for_container(), self.cwd, self.labels, self.volumes)
 
     def payload(self, nonce: str = "") -> bytes:
-        """Preamble + JSON header + code + the user's stdin: what the launcher reads on its stdin.
+        """What the launcher reads on its stdin (see ``runtime/protocol.py``)."""
+        from sandloop.runtime.protocol import encode_run
 
-        See images/recipe/launcher.py for the other side.
-        """
-        path = f"{STAGING_DIR}/{self.language.file_name}"
-        header = json.dumps(
-            {
-                "argv": list(self.language.command),
-                "file": path,
-                "code": len(self.code),
-                "cwd": self.cwd,
-                "inproc": self.language.inproc and self.language.image is None,
-                "nonce": nonce,
-            }
-        ).encode()
-        return b"SANDLOOP1 %08d\n" % len(header) + header + self.code + self.stdin
+        return encode_run(self, nonce)
 
 
-class Backend(Protocol):
-    """Where code runs. One module per backend; the Docker engine is the first.
+@runtime_checkable
+class Sandbox(Protocol):
+    """A started sandbox, as the layers above see it."""
 
-    ``run`` is the cold path (launch, execute, destroy). The warm pool splits it: ``launch`` ahead
-    of time, ``execute`` once per sandbox, ``destroy`` off the critical path.
-    """
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def started_at(self) -> float:
+        """``time.monotonic()`` when it was started (a pool replaces sandboxes that waited too long)."""
+        ...
+
+
+@dataclass(frozen=True)
+class WorkspaceRef:
+    """A session's workspace: ``name`` goes into ``SandboxSpec.volumes``."""
+
+    name: str
+    #: The quota is a real size cap (code writing past it gets ENOSPC), not only a number.
+    quota_enforced: bool
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What ``sandloop doctor`` renders and tests consult."""
+
+    name: str
+    version: str
+    runtimes: tuple[str, ...]
+    #: Workspaces of this backend get a real size cap.
+    quotas_enforced: bool
+    #: Whether sandboxes are isolated at all (the test double's are plain local processes).
+    isolated: bool = True
+    #: Smallest memory limit the backend accepts, in bytes.
+    min_memory_bytes: int = 0
+    details: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Owned:
+    """Something a backend made, found by its labels."""
+
+    kind: str  # "sandbox" or "workspace"
+    id: str
+    labels: Mapping[str, str]
+
+
+#: The handle type of one backend (each backend's ``launch`` returns its own).
+S = TypeVar("S", bound=Sandbox)
+
+
+class Backend(Protocol[S]):
+    """Sandbox lifecycle, over the backend's own handle type ``S``."""
+
+    name: str
 
     def run(self, request: RunRequest) -> ExecutionResult: ...
 
-    def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> Any: ...
+    def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> S: ...
 
-    def execute(self, sandbox: Any, request: RunRequest, *, started: float | None = None) -> ExecutionResult: ...
+    def execute(self, sandbox: S, request: RunRequest, *, started: float | None = None) -> ExecutionResult: ...
 
-    def is_alive(self, sandbox: Any) -> bool: ...
+    def run_cell(
+        self, kernel: S, code: str, *, limits: SandboxLimits, interrupt_after: float, grace: float
+    ) -> CellResult:
+        """Run a cell in a session's interpreter. Past ``interrupt_after`` seconds the cell is
+        interrupted (its state survives); if the interpreter has not answered ``grace`` seconds
+        later, or it died, the result says ``interpreter_restarted`` and the caller destroys it."""
+        ...
 
-    def destroy(self, sandbox: Any) -> None: ...
+    def find_kernel(self, session_id: str, spec: SandboxSpec) -> S | None:
+        """A running interpreter of this session (maybe started by another process), connected."""
+        ...
+
+    def is_alive(self, sandbox: S) -> bool: ...
+
+    def has_image(self, image: str) -> bool:
+        """Whether sandboxes can start from ``image`` here."""
+        ...
+
+    def detach(self, sandbox: S) -> None:
+        """Let go of a sandbox without destroying it (a session's interpreter outlives us)."""
+        ...
+
+    def destroy(self, sandbox: S) -> None:
+        """Remove it. Best effort: never raises."""
+        ...
+
+    def info(self) -> BackendInfo: ...
 
     def close(self) -> None: ...
+
+
+class Workspaces(Protocol):
+    """Sessions' persistent workspaces."""
+
+    def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef: ...
+
+    def ensure_workspace(self, session_id: str, ref: WorkspaceRef) -> None:
+        """Make an existing workspace usable again (e.g. remount it after a reboot)."""
+        ...
+
+    def delete_workspace(self, session_id: str) -> None:
+        """Remove it and its data. Idempotent, best effort."""
+        ...
+
+
+class Housekeeping(Protocol):
+    """What the reaper and shutdown need."""
+
+    def owned(self) -> list[Owned]:
+        """Everything of this backend that carries a ``sandloop.owner`` label."""
+        ...
+
+    def remove(self, item: Owned) -> None: ...
+
+    def remove_labelled(self, label: str, value: str) -> int:
+        """Remove every sandbox labelled ``label=value``; how many there were."""
+        ...
+
+    def retry_removals(self) -> int:
+        """Retry removals that failed earlier; how many are still pending."""
+        ...
+
+
+class FullBackend(Backend[Any], Workspaces, Housekeeping, Protocol):
+    """A backend that plays all three roles (every backend sandloop ships), whatever its handles."""

@@ -11,6 +11,8 @@ import socket
 import time
 
 LABEL_PREFIX = "sandloop."
+#: Carried by every sandbox and workspace of a session.
+SESSION_LABEL = f"{LABEL_PREFIX}session"
 
 
 def _process_start_time(pid: int) -> str:

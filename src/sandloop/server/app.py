@@ -12,8 +12,9 @@ provider endpoints the operator listed (providers.py).
 
 import collections
 import threading
+from collections.abc import AsyncIterator
 from importlib import resources
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
@@ -40,6 +41,10 @@ from sandloop.server.models import (
 from sandloop.server.providers import EndpointConfigError, EndpointRefused, ProviderEndpoints
 from sandloop.server.quota import QuotaError, RateWindow, check_agent_budget, check_session_room
 from sandloop.server.tokens import Token, TokenStore
+
+if TYPE_CHECKING:
+    from sandloop.root import Sandloop
+    from sandloop.sessions import Session
 
 #: The defaults a caller gets when it names no memory or timeout (clamped to its token's ceilings).
 DEFAULT_MEMORY, DEFAULT_TIMEOUT = "256m", 30.0
@@ -105,15 +110,18 @@ def _is_archive_post(method: str, path: str) -> bool:
 def create_app(
     tokens: TokenStore | None = None,
     *,
+    sandloop: "Sandloop | None" = None,
     providers: ProviderEndpoints | None = None,
     metrics_access: Literal["open", "token", "off"] = "token",
 ) -> FastAPI:
-    """The API over a token store. ``providers``: the endpoints agent runs may reach (default:
-    the official ones only). ``metrics_access``: who may read ``/metrics``."""
-    from sandloop.runner import default_dispatcher, run_code
-    from sandloop.sessions import Session
+    """The API over a ``Sandloop`` (default: the process-wide one) and a token store.
+    ``providers``: the endpoints agent runs may reach (default: the official ones only).
+    ``metrics_access``: who may read ``/metrics``."""
+    from sandloop.runner import default_root
 
-    store = tokens or TokenStore()
+    root = sandloop or default_root()
+    run_code = root.run_code
+    store = tokens or TokenStore(root.settings.home / "tokens.sqlite")
     endpoints = providers or ProviderEndpoints()
     app = FastAPI(
         title="sandloop",
@@ -184,6 +192,7 @@ def create_app(
         token = request.scope.get("state", {}).get("token")
         if token is None:  # RequestGuard authenticates every protected path; this is a backstop
             raise ApiError(401, "unauthorized", "send Authorization: Bearer <token>")
+        assert isinstance(token, Token)
         return token
 
     Auth = Annotated[Token, Depends(auth)]
@@ -208,10 +217,10 @@ def create_app(
                 raise ApiError(403, "over_token_limit", f"this token may ask for at most {token.max_memory} of memory")
         return SandboxLimits(memory=memory, cpus=wanted.cpus, pids=wanted.pids, runtime=wanted.runtime)
 
-    def owned(token: Token, session_id: str) -> Session:
+    def owned(token: Token, session_id: str) -> "Session":
         if store.owner_of(session_id) != token.id:  # someone else's and nonexistent look the same
             raise ApiError(404, "not_found", f"no session {session_id}")
-        return Session.attach(session_id)
+        return root.attach_session(session_id)
 
     def with_session(token: Token, session_id: str, call: Any) -> Any:
         """``call(session)`` on one of the token's sessions, counted against its rate (each
@@ -246,7 +255,7 @@ def create_app(
                 release()
                 loop.call_soon_threadsafe(queue.put_nowait, None)
 
-        async def stream():
+        async def stream() -> AsyncIterator[str]:
             worker = asyncio.ensure_future(run_in_threadpool(run))
             try:
                 while (item := await queue.get()) is not None:
@@ -287,7 +296,7 @@ def create_app(
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
         try:
-            default_dispatcher().backend.info()
+            root.info()
             return {"status": "ok"}
         except SandboxError as exc:
             raise error_for(exc) from None
@@ -296,7 +305,7 @@ def create_app(
     def prometheus(request: Request) -> str:
         if metrics_access == "off":
             raise ApiError(404, "not_found", "metrics are off on this server (sandloop serve --metrics)")
-        stats = default_dispatcher().stats()
+        stats = root.dispatcher.stats()
         lines = ["# TYPE sandloop_runs_total counter"]
         lines += [f'sandloop_runs_total{{outcome="{k}"}} {v}' for k, v in sorted(metrics.runs.items())]
         lines += ["# TYPE sandloop_run_seconds_sum counter", f"sandloop_run_seconds_sum {metrics.seconds_sum:.6f}"]
@@ -367,6 +376,7 @@ def create_app(
 
         from sandloop.agent import run_agent
         from sandloop.agent.providers import DEFAULT_MODELS, make_client
+        from sandloop.agent.tools import execute_code_tool
         from sandloop.agent.types import ProviderError
 
         limits = limits_for(token, body.limits)
@@ -410,9 +420,8 @@ def create_app(
                         )
 
             try:
-                result = run_agent(
-                    body.task, client, iterations, limits=limits, timeout_seconds=timeout, on_event=on_event
-                )
+                tools = [execute_code_tool(limits=limits, default_timeout=timeout, runner=root.run_code)]
+                result = run_agent(body.task, client, iterations, tools=tools, on_event=on_event)
             except BudgetSpent as exc:
                 emit("error", {"code": "over_daily_budget", "message": str(exc)})
                 return
@@ -445,7 +454,7 @@ def create_app(
 
     def live_sessions(token: Token) -> list[Any]:
         mine = store.sessions_of(token.id)
-        return [r for r in Session.list() if r.id in mine]
+        return [r for r in root.list_sessions() if r.id in mine]
 
     @app.post("/v1/sessions", status_code=201)
     def create_session(body: SessionIn, token: Auth) -> dict[str, Any]:
@@ -456,7 +465,7 @@ def create_app(
             raise ApiError(400, "invalid_argument", str(exc)) from None
         with rates.use(token), session_lock:  # one check-and-create at a time, so two cannot both fit
             check_session_room(token, [r.quota_bytes for r in live_sessions(token)], quota)
-            s = Session.create(limits, ttl=body.ttl_seconds, quota=body.quota)
+            s = root.create_session(limits, ttl=body.ttl_seconds, quota=body.quota)
             store.own(s.id, token.id)
             s.close()
         return session_json(s.record)
@@ -492,7 +501,8 @@ def create_app(
 
     @app.get("/v1/sessions/{session_id}/files")
     def list_files(session_id: str, token: Auth, path: str = ".") -> list[dict[str, Any]]:
-        return with_session(token, session_id, lambda s: s.list_files(path))
+        entries: list[dict[str, Any]] = with_session(token, session_id, lambda s: s.list_files(path))
+        return entries
 
     @app.get("/v1/sessions/{session_id}/files/{path:path}")
     def get_file(session_id: str, path: str, token: Auth) -> Response:

@@ -16,7 +16,7 @@ Used by the HTTP API and by MCP's streamable HTTP transport, with the same token
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,7 +41,7 @@ class _BodyTooLarge(Exception):
     pass
 
 
-def _json(status: int, code: str, message: str, headers: list[tuple[bytes, bytes]] = ()) -> list[Message]:
+def _json(status: int, code: str, message: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> list[Message]:
     body = json.dumps({"code": code, "message": message}).encode()
     return [
         {
@@ -94,7 +94,7 @@ class RequestGuard:
         headers = {k.lower(): v for k, v in scope["headers"]}
         cap = self.body_cap(method, path)
 
-        async def refuse(status: int, code: str, message: str, extra: list[tuple[bytes, bytes]] = ()) -> None:
+        async def refuse(status: int, code: str, message: str, extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
             self.on_reject(code)
             for message_ in _json(status, code, message, extra):
                 await send(message_)

@@ -18,8 +18,8 @@ import base64
 import contextlib
 import functools
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -30,6 +30,10 @@ from sandloop.agent.tools import format_execution
 from sandloop.contract import SandboxError, SandboxLimits, SessionNotFound, parse_size
 from sandloop.server.quota import QuotaError, RateWindow, check_session_room
 from sandloop.server.tokens import Token, TokenStore
+
+if TYPE_CHECKING:
+    from sandloop.root import Sandloop
+    from sandloop.sessions import Session
 
 INSTRUCTIONS = (
     "sandloop runs code in throwaway, hardened sandboxes: no network, 256 MB of memory, half a CPU, "
@@ -64,11 +68,16 @@ def _caller(ctx: Context) -> Token | None:
     return None if request is None else request.scope.get("state", {}).get("token")
 
 
-def create_mcp_server(limits: SandboxLimits | None = None, tokens: TokenStore | None = None) -> MCPServer:
-    """The tools. With ``tokens`` (the HTTP transport) every call must carry one of its tokens
-    and is scoped and counted as over the HTTP API; without (stdio) the local user is trusted."""
-    from sandloop.runner import run_code as core_run
-    from sandloop.sessions import Session
+def create_mcp_server(
+    limits: SandboxLimits | None = None, tokens: TokenStore | None = None, *, sandloop: Sandloop | None = None
+) -> MCPServer:
+    """The tools over a ``Sandloop`` (default: the process-wide one). With ``tokens`` (the HTTP
+    transport) every call must carry one of its tokens and is scoped and counted as over the HTTP
+    API; without (stdio) the local user is trusted."""
+    from sandloop.runner import default_root
+
+    root = sandloop or default_root()
+    core_run = root.run_code
 
     lim = limits or SandboxLimits()
     server = MCPServer("sandloop", instructions=INSTRUCTIONS, version="0.1.0")
@@ -77,7 +86,7 @@ def create_mcp_server(limits: SandboxLimits | None = None, tokens: TokenStore | 
     session_lock = threading.Lock()
 
     @contextlib.contextmanager
-    def metered(ctx: Context):
+    def metered(ctx: Context) -> Iterator[Token | None]:
         """Counts the call against the caller's token (HTTP); stdio callers are not metered."""
         token = _caller(ctx)
         if tokens is None:
@@ -91,7 +100,7 @@ def create_mcp_server(limits: SandboxLimits | None = None, tokens: TokenStore | 
     def attach(token: Token | None, session_id: str) -> Session:
         if tokens is not None and (token is None or tokens.owner_of(session_id) != token.id):
             raise SessionNotFound(f"no session {session_id}")  # someone else's looks like none
-        return Session.attach(session_id)
+        return root.attach_session(session_id)
 
     @server.tool(
         description=f"Run a program once in a fresh sandbox ({langs}; Python has numpy, pandas, matplotlib). "
@@ -112,12 +121,12 @@ def create_mcp_server(limits: SandboxLimits | None = None, tokens: TokenStore | 
     @_guarded
     def session_create(ctx: Context, ttl_seconds: float = 3600, quota: str = "256m") -> CallToolResult:
         with metered(ctx) as token, session_lock:
-            if token is not None:
+            if token is not None and tokens is not None:
                 mine = tokens.sessions_of(token.id)
-                live = [r.quota_bytes for r in Session.list() if r.id in mine]
+                live = [r.quota_bytes for r in root.list_sessions() if r.id in mine]
                 check_session_room(token, live, parse_size(quota))
-            s = Session.create(lim, ttl=ttl_seconds, quota=quota)
-            if token is not None:
+            s = root.create_session(lim, ttl=ttl_seconds, quota=quota)
+            if token is not None and tokens is not None:
                 tokens.own(s.id, token.id)
             s.close()
         return _text(s.id)

@@ -22,9 +22,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sandloop.contract import parse_size
-from sandloop.sessions.store import sandloop_home
+from sandloop.settings import default_home
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tokens (
@@ -113,7 +114,7 @@ def today() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
 
 
-def _validate(limits: dict) -> None:
+def _validate(limits: dict[str, Any]) -> None:
     for name in ("max_concurrent", "runs_per_minute", "max_sessions", "agent_runs_per_day", "agent_max_iterations"):
         if int(limits[name]) < 1:
             raise TokenError(f"{name} must be at least 1")
@@ -128,7 +129,7 @@ def _validate(limits: dict) -> None:
 
 class TokenStore:
     def __init__(self, path: Path | None = None) -> None:
-        self.path = path or sandloop_home() / "tokens.sqlite"
+        self.path = path or default_home() / "tokens.sqlite"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False)

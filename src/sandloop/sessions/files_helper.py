@@ -18,7 +18,8 @@ import sys
 import tarfile
 import zipfile
 
-ROOT = "/workspace"
+#: The workspace as the sandbox sees it (the test double's sandboxes see it elsewhere).
+ROOT = os.environ.get("SANDLOOP_WORKSPACE", "/workspace")
 
 
 class Refused(Exception):

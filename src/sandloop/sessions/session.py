@@ -16,6 +16,7 @@ at the end; ``Session.create()`` + ``Session.attach(id)`` keep it across process
 from __future__ import annotations
 
 import base64
+import builtins
 import io
 import json
 import math
@@ -24,7 +25,7 @@ import tarfile
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandloop.contract import (
     CellResult,
@@ -38,12 +39,16 @@ from sandloop.contract import (
     WorkspaceFull,
     parse_size,
 )
-from sandloop.images import runtime_image
 from sandloop.runtime.base import SandboxSpec
 from sandloop.runtime.labels import LABEL_PREFIX
 from sandloop.sessions.kernel import Kernel, lock_file
-from sandloop.sessions.store import SESSION_LABEL, WORKSPACE, SessionRecord, SessionStore
+from sandloop.sessions.store import SESSION_LABEL, WORKSPACE, SessionRecord
 
+if TYPE_CHECKING:
+    from sandloop.root import Sandloop
+
+MAX_TTL_SECONDS = 30 * 86400
+MIN_QUOTA_BYTES, MAX_QUOTA_BYTES = 8 * 1024**2, 64 * 1024**3
 MAX_READ_BYTES = 16 * 1024 * 1024
 MAX_WRITE_BYTES = 64 * 1024 * 1024
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
@@ -75,14 +80,15 @@ class Session:
         ttl: float = 3600,
         quota: str | int = DEFAULT_QUOTA,
         *,
+        root: Sandloop | None = None,
         _record: SessionRecord | None = None,
-        _store: SessionStore | None = None,
     ) -> None:
-        from sandloop.runner import default_dispatcher
+        from sandloop.runner import default_root
 
         created_here = _record is None
-        self._dispatcher = default_dispatcher()
-        self._store = _store or SessionStore(self._dispatcher.backend)
+        self._root = root or default_root()
+        self._dispatcher = self._root.dispatcher
+        self._store = self._root.sessions
         if _record is None:
             limits = limits or SandboxLimits()
             if not isinstance(limits, SandboxLimits):
@@ -91,20 +97,20 @@ class Session:
                 isinstance(ttl, bool)
                 or not isinstance(ttl, int | float)
                 or not math.isfinite(ttl)
-                or not 1 <= ttl <= 30 * 86400
+                or not 1 <= ttl <= MAX_TTL_SECONDS
             ):
                 raise InvalidArgument(f"ttl must be between 1 second and 30 days, got {ttl!r}")
             try:
                 quota_bytes = parse_size(quota)
             except ValueError as exc:
                 raise InvalidArgument(str(exc)) from None
-            if not 8 * 1024**2 <= quota_bytes <= 64 * 1024**3:
+            if not MIN_QUOTA_BYTES <= quota_bytes <= MAX_QUOTA_BYTES:
                 raise InvalidArgument(f"quota must be between 8m and 64g, got {quota!r}")
             self._store.reap_expired()
             _record = self._store.create(
                 ttl_seconds=float(ttl),
                 quota_bytes=quota_bytes,
-                image=runtime_image(),
+                image=self._root.image,
                 limits=limits.model_dump(),
                 owner_uid_gid=limits.user if ":" in limits.user else f"{limits.user}:{limits.user}",
             )
@@ -115,7 +121,7 @@ class Session:
         #: of a ``with``; one attached to is only closed (it lives on for others).
         self._created_here = created_here
         self._kernel = Kernel(
-            self._dispatcher.backend,
+            self._root.backend,
             self._spec(kernel=True),
             self.id,
             lock_file(self._store.root / self.id),
@@ -125,26 +131,31 @@ class Session:
     # -- identity -------------------------------------------------------------------------------
     @classmethod
     def create(
-        cls, limits: SandboxLimits | None = None, ttl: float = 3600, quota: str | int = DEFAULT_QUOTA
+        cls,
+        limits: SandboxLimits | None = None,
+        ttl: float = 3600,
+        quota: str | int = DEFAULT_QUOTA,
+        *,
+        root: Sandloop | None = None,
     ) -> Session:
-        return cls(limits, ttl, quota)
+        return cls(limits, ttl, quota, root=root)
 
     @classmethod
-    def attach(cls, session_id: str) -> Session:
+    def attach(cls, session_id: str, *, root: Sandloop | None = None) -> Session:
         """Reattach to a live session by id (from any process on this host)."""
-        from sandloop.runner import default_dispatcher
+        from sandloop.runner import default_root
 
-        store = SessionStore(default_dispatcher().backend)
-        record = store.load(session_id)
-        store.ensure_mounted(record)
-        store.touch(record)
-        return cls(_record=record, _store=store)
+        root = root or default_root()
+        record = root.sessions.load(session_id)
+        root.sessions.ensure_workspace(record)
+        root.sessions.touch(record)
+        return cls(root=root, _record=record)
 
     @classmethod
-    def list(cls) -> list[SessionRecord]:
-        from sandloop.runner import default_dispatcher
+    def list(cls, *, root: Sandloop | None = None) -> list[SessionRecord]:
+        from sandloop.runner import default_root
 
-        return SessionStore(default_dispatcher().backend).list()
+        return (root or default_root()).sessions.list()
 
     @property
     def id(self) -> str:
@@ -188,7 +199,9 @@ class Session:
         self._live()
         from sandloop.runner import build_request
 
-        request = build_request(code, language, timeout_seconds, limits=limits or self.limits, stdin=stdin)
+        request = build_request(
+            code, language, timeout_seconds, limits=limits or self.limits, stdin=stdin, image=self._record.image
+        )
         spec = self._spec()
         request = replace(request, image=spec.image, cwd=WORKSPACE, volumes=spec.volumes, labels=spec.labels)
         return self._dispatcher.run(request, pool_size=1)
@@ -210,14 +223,14 @@ class Session:
         header = json.dumps({"op": op, **args}).encode() + b"\n"
         limits = self.limits.model_copy(update={"output_limit": output})
         spec = self._spec()
-        request = build_request(_HELPER, "python", 60, limits=limits, stdin=header + data)
+        request = build_request(_HELPER, "python", 60, limits=limits, stdin=header + data, image=self._record.image)
         request = replace(request, image=spec.image, cwd=WORKSPACE, volumes=spec.volumes, labels=spec.labels)
         result = self._dispatcher.run(request, pool_size=1)
         if result.stdout_truncated or not result.stdout.startswith("{"):
             raise SandboxError(
                 f"file operation {op} failed inside the sandbox: {result.stderr[-500:] or result.stdout[:200]}"
             )
-        reply = json.loads(result.stdout)
+        reply: dict[str, Any] = json.loads(result.stdout)
         if reply.get("ok"):
             return reply
         kind, message = reply.get("kind"), reply.get("error", "")
@@ -245,8 +258,8 @@ class Session:
         reply = self._files("read", {"path": rel, "max_bytes": MAX_READ_BYTES}, output=MAX_READ_BYTES * 4 // 3 + 4096)
         return base64.b64decode(reply["data"])
 
-    def list_files(self, path: str = ".") -> list[dict[str, Any]]:
-        return list(self._files("list", {"path": check_path(path)}, output=16 * 1024 * 1024)["entries"])
+    def list_files(self, path: str = ".") -> builtins.list[dict[str, Any]]:
+        return builtins.list(self._files("list", {"path": check_path(path)}, output=16 * 1024 * 1024)["entries"])
 
     def delete_file(self, path: str) -> None:
         self._files("delete", {"path": check_path(path)})

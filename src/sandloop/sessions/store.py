@@ -1,43 +1,32 @@
-"""Where sessions live: a record per session on the host, and a workspace per session.
-
-A workspace is a sparse ext4 image of the quota's size, loop-mounted on the host under
-``$SANDLOOP_HOME/sessions/<id>/mnt`` and handed to containers as a named Docker volume (a bind of
-that mount). Why: it is kept apart from any container, so a session survives its containers being
-recycled and can be reattached from another process; the quota is a real filesystem size, so code
-that writes past it gets ENOSPC inside while the host disk and other sessions are untouched; and
-under gVisor a named volume works where a plain host bind mount did not. Without root (no loop
-mounts) the workspace is a plain named volume and the quota is not enforced (the record says so).
+"""Where sessions live: a record per session on this host (``<home>/sessions/<id>/session.json``)
+and a workspace per session, which the backend makes and keeps apart from any sandbox
+(``Workspaces`` in ``runtime/base.py``; on Docker a loop-mounted ext4 volume of the quota's size).
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
-import logging
 import os
 import secrets
 import shutil
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from sandloop.contract import SandboxError, SessionNotFound
-from sandloop.runtime.labels import LABEL_PREFIX
+from sandloop.contract import SessionNotFound
+from sandloop.runtime.base import Housekeeping, WorkspaceRef, Workspaces
+from sandloop.runtime.labels import SESSION_LABEL
+from sandloop.settings import default_home
 
-log = logging.getLogger(__name__)
-
-SESSION_LABEL = f"{LABEL_PREFIX}session"
 WORKSPACE = "/workspace"
+__all__ = ["SESSION_LABEL", "WORKSPACE", "SessionRecord", "SessionStore"]
 
 
-def sandloop_home() -> Path:
-    if os.environ.get("SANDLOOP_HOME"):
-        return Path(os.environ["SANDLOOP_HOME"])
-    if os.geteuid() == 0:
-        return Path("/var/lib/sandloop")
-    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "sandloop"
+class SessionBackend(Workspaces, Housekeeping, Protocol):
+    """What the store needs of a backend."""
 
 
 @dataclass
@@ -56,11 +45,15 @@ class SessionRecord:
     def expires_at(self) -> float:
         return self.last_used + self.ttl_seconds
 
+    @property
+    def workspace(self) -> WorkspaceRef:
+        return WorkspaceRef(self.volume, self.quota_enforced)
+
 
 class SessionStore:
-    def __init__(self, backend: Any, home: Path | None = None) -> None:
+    def __init__(self, backend: SessionBackend, home: Path | None = None) -> None:
         self.backend = backend
-        self.root = (home or sandloop_home()) / "sessions"
+        self.root = (home or default_home()) / "sessions"
 
     def _dir(self, session_id: str) -> Path:
         if not session_id.startswith("s-") or not session_id[2:].isalnum():
@@ -110,69 +103,36 @@ class SessionStore:
         session_id = "s-" + secrets.token_hex(6)
         d = self._dir(session_id)
         d.mkdir(parents=True, mode=0o700)
-        volume = f"sandloop-ws-{session_id}"
         try:
-            enforced = self._make_workspace(d, volume, session_id, quota_bytes, owner_uid_gid)
+            ref = self.backend.create_workspace(session_id, quota_bytes, owner_uid_gid)
             now = time.time()
-            record = SessionRecord(session_id, now, now, ttl_seconds, quota_bytes, enforced, volume, image, limits)
+            record = SessionRecord(
+                session_id, now, now, ttl_seconds, quota_bytes, ref.quota_enforced, ref.name, image, limits
+            )
             self.save(record)
             return record
         except BaseException:
             self.delete(session_id)
             raise
 
-    def _make_workspace(self, d: Path, volume: str, session_id: str, quota_bytes: int, owner: str) -> bool:
-        labels = {
-            f"{LABEL_PREFIX}owner": f"session:{session_id}",
-            f"{LABEL_PREFIX}purpose": "session",
-            SESSION_LABEL: session_id,
-        }
-        can_loop = os.geteuid() == 0 and shutil.which("mkfs.ext4") and shutil.which("mount")
-        if can_loop:
-            img, mnt = d / "workspace.img", d / "mnt"
-            mnt.mkdir()
-            with open(img, "wb") as f:
-                f.truncate(quota_bytes)
-            _check(
-                ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", f"root_owner={owner}", str(img)],
-                "mkfs.ext4",
-            )
-            self._mount(d)
-            shutil.rmtree(mnt / "lost+found", ignore_errors=True)
-            self.backend.create_volume(volume, labels, {"type": "none", "o": "bind", "device": str(mnt)})
-            return True
-        log.warning("no root or no loop mounts: session %s gets a workspace without a quota", session_id)
-        self.backend.create_volume(volume, labels, None)
-        return False
-
-    def _mount(self, d: Path) -> None:
-        _check(["mount", "-o", "loop,nosuid,nodev", str(d / "workspace.img"), str(d / "mnt")], "mount")
-
-    def ensure_mounted(self, record: SessionRecord) -> None:
-        """After a host reboot the loop mount is gone while the image remains: mount it again."""
-        d = self._dir(record.id)
-        if record.quota_enforced and not os.path.ismount(d / "mnt"):
-            self._mount(d)
+    def ensure_workspace(self, record: SessionRecord) -> None:
+        """After a host reboot a workspace may need remounting: the backend knows."""
+        self.backend.ensure_workspace(record.id, record.workspace)
 
     def delete(self, session_id: str) -> None:
-        """Remove the session's containers, volume, mount and files. Idempotent, best effort."""
+        """Remove the session's sandboxes, workspace and record. Idempotent, best effort."""
         d = self._dir(session_id)
         with contextlib.suppress(Exception):
-            self.backend.remove_containers_labelled(f"{SESSION_LABEL}={session_id}")
+            self.backend.remove_labelled(SESSION_LABEL, session_id)
         with contextlib.suppress(Exception):
-            self.backend.remove_labelled("volume", f"sandloop-ws-{session_id}")
-        mnt = d / "mnt"
-        if os.path.ismount(mnt):
-            subprocess.run(["umount", str(mnt)], capture_output=True, check=False)
-            if os.path.ismount(mnt):
-                subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
-        if not os.path.ismount(mnt):
+            self.backend.delete_workspace(session_id)
+        if not _mounts_below(d):  # never delete through a workspace that would not unmount
             shutil.rmtree(d, ignore_errors=True)
 
-    def reap_expired(self, now: float | None = None) -> list[str]:
+    def reap_expired(self, now: float | None = None) -> builtins.list[str]:
         """Delete every session idle past its TTL; return their ids."""
         now = time.time() if now is None else now
-        gone = []
+        gone: builtins.list[str] = []
         if not self.root.is_dir():
             return gone
         for d in self.root.iterdir():
@@ -190,7 +150,10 @@ class SessionStore:
         return gone
 
 
-def _check(cmd: list[str], what: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SandboxError(f"{what} failed while creating a workspace: {proc.stderr.strip() or proc.stdout.strip()}")
+def _mounts_below(d: Path) -> bool:
+    prefix = str(d) + "/"
+    try:
+        with open("/proc/self/mounts") as f:
+            return any(line.split()[1].startswith(prefix) for line in f if len(line.split()) > 1)
+    except OSError:
+        return os.path.ismount(d / "mnt")

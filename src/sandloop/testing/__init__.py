@@ -1,4 +1,6 @@
-"""Public test doubles: drive ``run_agent`` with no API key and no network.
+"""Public test doubles: drive ``run_agent`` with no API key and no network (``ScriptedClient``,
+``wire.FakeProviderServer``), and run pool, sessions and front ends with no engine
+(``fake.FakeBackend``, via ``Settings(backend="fake")``; it isolates nothing).
 
 >>> client = ScriptedClient([
 ...     AssistantTurn(tool_calls=(ToolCall("c1", "execute_code", {"code": "print(6*7)"}),)),

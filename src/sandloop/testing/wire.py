@@ -93,7 +93,7 @@ class FakeProviderServer:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def start(self) -> FakeProviderServer:
         self._thread.start()

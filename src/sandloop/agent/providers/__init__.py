@@ -8,7 +8,7 @@ from sandloop.agent.types import LLMClient
 
 PROVIDERS = ("anthropic", "openai")
 #: The model used when none is named (CLI, HTTP API).
-DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o"}
+DEFAULT_MODELS = {"anthropic": "claude-sonnet-5-5", "openai": "gpt-4o"}
 
 
 def make_client(provider: str, model: str, **options: Any) -> LLMClient:

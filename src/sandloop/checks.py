@@ -1,0 +1,67 @@
+"""What ``sandloop doctor`` checks, as data: the backend, its runtimes, workspace quotas, the
+runtime image, and (optionally) a real run on each runtime. Front ends only render the list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from sandloop.contract import SandboxError, SandboxLimits
+
+if TYPE_CHECKING:
+    from sandloop.root import Sandloop
+
+Status = Literal["ok", "missing", "off", "failed"]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    #: sandloop cannot run code while this one fails.
+    essential: bool = True
+
+
+def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
+    try:
+        info = root.info()
+    except SandboxError as exc:
+        return [Check(f"{root.backend.name} engine", "missing", str(exc))]
+    extra = ", ".join(f"{k} {v}" for k, v in info.details.items())
+    checks = [Check(f"{info.name} engine", "ok", f"{info.version} ({extra})" if extra else info.version)]
+    if not info.isolated:
+        checks.append(Check("isolation", "off", "the test double runs code as local processes: tests only", False))
+    for rt in ("runc", "runsc"):
+        if rt in info.runtimes:
+            checks.append(Check(f"runtime {rt}", "ok", "registered"))
+        else:
+            fix = "run scripts/engine-up.sh as root to register gVisor (runsc)"
+            checks.append(Check(f"runtime {rt}", "missing", fix, essential=rt == "runc"))
+    if info.quotas_enforced:
+        checks.append(Check("session quotas", "ok", "workspaces have a real size cap"))
+    else:
+        detail = "needs root and mkfs.ext4 (e2fsprogs): workspaces get no quota"
+        checks.append(Check("session quotas", "off", detail, essential=False))
+    image = root.image
+    have_image = root.backend.has_image(image)
+    if have_image:
+        checks.append(Check("runtime image", "ok", image))
+    else:
+        checks.append(Check("runtime image", "missing", f"{image}: build it with `sandloop images build`"))
+    if smoke and have_image:
+        for rt in ("runc", "runsc"):
+            if rt not in info.runtimes:
+                continue
+            try:
+                r = root.run_code("print(1)", limits=SandboxLimits(runtime=rt), timeout_seconds=60)
+                good = r.ok and r.stdout == "1\n"
+                detail = f"{r.duration_seconds * 1000:.0f} ms; exit {r.exit_code} {r.stderr[-200:]}"
+                checks.append(Check(f"run on {rt}", "ok" if good else "failed", detail))
+            except SandboxError as exc:
+                checks.append(Check(f"run on {rt}", "failed", str(exc)))
+    return checks
+
+
+def healthy(checks: list[Check]) -> bool:
+    return all(c.status == "ok" for c in checks if c.essential)

@@ -1,0 +1,111 @@
+"""``Sandloop``: the one object that owns a backend, its dispatcher (warm pool, admission), the
+session store and the settings. Everything else is handed one; nothing else reads the environment
+or builds a backend.
+
+    from sandloop import Sandloop, Settings
+
+    with Sandloop() as sl:                                  # settings from SANDLOOP_* variables
+        print(sl.run_code("print(6 * 7)").stdout)
+        with sl.create_session(quota="64m") as s:           # deleted at the end of the `with`
+            s.run_cell("x = 1")
+
+    Sandloop(Settings(pool_size=0, backend="fake"))         # no warm pool; the test double
+
+``sandloop.run_code`` is a convenience over a default instance built on first use (as
+``httpx.get`` is over a ``Client``); ``with`` closes what the instance holds (warm sandboxes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sandloop.contract import ExecutionResult, SandboxLimits
+from sandloop.pool.dispatcher import Dispatcher
+from sandloop.pool.reaper import Reaped, reap
+from sandloop.runtime.base import BackendInfo, FullBackend
+from sandloop.sessions.store import SessionRecord, SessionStore
+from sandloop.settings import Settings
+
+if TYPE_CHECKING:
+    from sandloop.sessions.session import Session
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    """What ``Sandloop.reap`` removed (or would remove, with ``dry_run``)."""
+
+    items: list[Reaped] = field(default_factory=list)
+    expired_sessions: list[str] = field(default_factory=list)
+
+
+class Sandloop:
+    def __init__(self, settings: Settings | None = None, *, backend: FullBackend | None = None) -> None:
+        self.settings = settings or Settings()
+        self.backend: FullBackend = backend or self.settings.build_backend()
+        self.dispatcher = Dispatcher(self.backend, self.settings)
+        self.sessions = SessionStore(self.backend, self.settings.home)
+        #: The runtime image sandboxes start from.
+        self.image = self.settings.runtime_image()
+        self._closed = False
+
+    # -- runs -----------------------------------------------------------------------------------
+    def run_code(
+        self,
+        code: str | bytes,
+        language: str = "python",
+        timeout_seconds: float = 30,
+        *,
+        limits: SandboxLimits | None = None,
+        stdin: str | bytes | None = None,
+        on_output: Callable[[str, bytes], None] | None = None,
+    ) -> ExecutionResult:
+        """Run ``code`` once in a fresh, hardened, throwaway sandbox (see ``sandloop.run_code``)."""
+        from sandloop.runner import build_request
+
+        request = build_request(
+            code, language, timeout_seconds, limits=limits, stdin=stdin, on_output=on_output, image=self.image
+        )
+        return self.dispatcher.run(request)
+
+    # -- sessions -------------------------------------------------------------------------------
+    def create_session(
+        self, limits: SandboxLimits | None = None, ttl: float = 3600, quota: str | int = "256m"
+    ) -> Session:
+        """A new session; ``with`` deletes it at the end."""
+        from sandloop.sessions.session import Session
+
+        return Session.create(limits, ttl, quota, root=self)
+
+    def attach_session(self, session_id: str) -> Session:
+        """A live session by id; ``with`` only detaches at the end."""
+        from sandloop.sessions.session import Session
+
+        return Session.attach(session_id, root=self)
+
+    def list_sessions(self) -> list[SessionRecord]:
+        return self.sessions.list()
+
+    # -- upkeep ---------------------------------------------------------------------------------
+    def reap(self, *, dry_run: bool = False) -> ReapReport:
+        """Remove stale sandboxes and workspaces (expired, or their owner process died) and
+        sessions idle past their TTL."""
+        expired = [] if dry_run else self.sessions.reap_expired()
+        return ReapReport(reap(self.backend, dry_run=dry_run), expired)
+
+    def info(self) -> BackendInfo:
+        return self.backend.info()
+
+    def close(self) -> None:
+        """Remove warm sandboxes and pending removals; close the engine connection. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self.dispatcher.close()
+            self.backend.close()
+
+    def __enter__(self) -> Sandloop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,361 @@
+"""The Docker engine backend (dockerd, with runc or runsc).
+
+Each run: create a hardened container (stdin open, log driver none), attach to it *before*
+starting it, start it, send the launcher payload on stdin, read the multiplexed stdout/stderr
+stream against a wall-clock deadline while capping what is kept, then collect the exit status.
+The container is force-removed whatever happened; cleanup never raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from sandloop.contract import CellResult, ExecutionResult, SandboxError, SandboxLimits
+from sandloop.runtime import protocol
+from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
+from sandloop.runtime.docker.errors import engine_errors
+from sandloop.runtime.docker.hardening import container_config
+from sandloop.runtime.docker.stream import SocketChannel
+from sandloop.runtime.docker.workspace import DockerWorkspaces, can_enforce_quotas
+from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
+
+log = logging.getLogger(__name__)
+
+#: Payloads up to this size are written inline; larger ones from a thread (the code may never read
+#: its stdin, and a blocked write must not hold up the deadline).
+_INLINE_PAYLOAD = 64 * 1024
+#: Docker refuses memory limits below 6 MiB.
+MIN_MEMORY_BYTES = 6 * 1024 * 1024
+
+
+@dataclass(eq=False)
+class LiveSandbox:
+    """A started container whose launcher waits for a program (or, for a session's interpreter,
+    for cells). A run's sandbox is used once, then destroyed."""
+
+    id: str
+    channel: SocketChannel
+    spec: SandboxSpec
+    started_at: float
+    used: bool = False
+    writer: threading.Thread | None = None
+    #: A session interpreter's collector for its last cell (output after its end line carries over).
+    collector: protocol.Collector | None = None
+
+    @property
+    def sock(self) -> socket.socket:
+        return self.channel.sock
+
+
+class DockerBackend:
+    """Runs each request in a fresh, hardened, single-use container on a Docker engine."""
+
+    name = "docker"
+
+    def __init__(self, base_url: str | None = None, *, call_timeout: float = 30.0, home: Path | None = None) -> None:
+        from sandloop.settings import default_home
+
+        self._base_url = base_url
+        self._call_timeout = call_timeout
+        self._api: docker.APIClient | None = None
+        self._lock = threading.Lock()
+        self.workspaces = DockerWorkspaces(lambda: self.api, home or default_home())
+        #: Containers whose removal failed (engine down or overloaded), retried by ``retry_removals``.
+        self._graveyard: set[str] = set()
+        self._graveyard_lock = threading.Lock()
+
+    # -- engine connection -------------------------------------------------------------------
+    @property
+    def api(self) -> docker.APIClient:
+        with self._lock:
+            if self._api is None:
+                with engine_errors():
+                    if self._base_url:
+                        client = docker.APIClient(
+                            base_url=self._base_url, version="auto", timeout=self._call_timeout, max_pool_size=64
+                        )
+                    else:
+                        client = docker.from_env(timeout=int(self._call_timeout), max_pool_size=64).api
+                    client.ping()
+                self._api = client
+            return self._api
+
+    def close(self) -> None:
+        with self._lock:
+            if self._api is not None:
+                with contextlib.suppress(Exception):
+                    self._api.close()
+                self._api = None
+
+    def engine_info(self) -> dict[str, Any]:
+        """The engine's own ``docker info``."""
+        with engine_errors():
+            info: dict[str, Any] = self.api.info()
+        return info
+
+    def info(self) -> BackendInfo:
+        raw = self.engine_info()
+        return BackendInfo(
+            name=self.name,
+            version=str(raw.get("ServerVersion", "?")),
+            runtimes=tuple(sorted(raw.get("Runtimes") or {})),
+            quotas_enforced=can_enforce_quotas(),
+            isolated=True,
+            min_memory_bytes=MIN_MEMORY_BYTES,
+            details={
+                "storage driver": str(raw.get("Driver", "?")),
+                "cgroup": f"v{raw.get('CgroupVersion', '?')} ({raw.get('CgroupDriver', '?')})",
+                "default runtime": str(raw.get("DefaultRuntime", "?")),
+            },
+        )
+
+    def has_image(self, image: str) -> bool:
+        with engine_errors(image):
+            try:
+                self.api.inspect_image(image)
+            except docker.errors.ImageNotFound:
+                return False
+            return True
+
+    # -- one run -----------------------------------------------------------------------------
+    def run(self, request: RunRequest) -> ExecutionResult:
+        """Cold path: launch a sandbox for this request, run it, destroy it (always)."""
+        started = time.monotonic()
+        sandbox: LiveSandbox | None = None
+        try:
+            sandbox = self.launch(request.spec, purpose="run", lifetime_seconds=request.timeout_seconds)
+            return self.execute(sandbox, request, started=started)
+        finally:
+            if sandbox is not None:
+                self.destroy(sandbox)
+
+    def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> LiveSandbox:
+        """Create, attach to and start a sandbox whose launcher then waits for a program."""
+        api = self.api
+        container_id: str | None = None
+        attached: Any = None
+        try:
+            with engine_errors(spec.image, spec.limits.runtime):
+                kwargs = container_config(api, spec, purpose, lifetime_seconds)
+                if spec.command:
+                    # A long-lived interpreter: stdin must stay open when one attached client goes.
+                    config = api.create_container_config(**kwargs)
+                    config["StdinOnce"] = False
+                    container_id = api.create_container_from_config(config)["Id"]
+                else:
+                    container_id = api.create_container(**kwargs)["Id"]
+                attached = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+                api.start(container_id)
+            return LiveSandbox(container_id, SocketChannel(attached), spec, time.monotonic())
+        except BaseException:
+            if attached is not None:
+                SocketChannel(attached).close()
+            if container_id is not None:
+                self._remove(container_id)
+            raise
+
+    def is_alive(self, sandbox: LiveSandbox) -> bool:
+        """Whether the connection is open; what the sandbox wrote meanwhile is kept for the next read."""
+        return sandbox.channel.drain()
+
+    def execute(self, sandbox: LiveSandbox, request: RunRequest, *, started: float | None = None) -> ExecutionResult:
+        """Send the program to a started sandbox and collect the result. Single use: destroy after."""
+        if sandbox.used:
+            raise SandboxError("internal error: a sandbox was handed out twice")
+        sandbox.used = True
+        started = time.monotonic() if started is None else started
+        limits = request.limits
+        deadline = time.monotonic() + request.timeout_seconds
+        nonce = protocol.new_nonce()
+        sandbox.writer = self._send(sandbox.sock, protocol.encode_run(request, nonce))
+        emit = request.on_output
+        collector = protocol.Collector(
+            protocol.CappedStream(limits.output_limit, emit and functools.partial(emit, "stdout")),
+            protocol.CappedStream(limits.output_limit, emit and functools.partial(emit, "stderr")),
+            nonce,
+        )
+        finished = protocol.collect(sandbox.channel, collector, deadline)
+        collector.flush()
+        with engine_errors(request.image, limits.runtime):
+            status = collector.exit_status
+            if finished and status is not None and status < 128:
+                # The launcher reported an exit the program chose: no need to wait for the
+                # container's teardown. 128+N means killed by signal N (137 may be the OOM
+                # killer), so those ask the engine.
+                exit_code, oom_killed = status, False
+            elif finished:
+                exit_code, oom_killed = self._exit_status(sandbox.id, status)
+            else:
+                # Stop reading first: a program still flooding its output keeps the engine
+                # blocked writing to this stream, and the engine finishes a kill only after its
+                # stream copiers do (seen: kill hung for the whole 30 s call timeout).
+                sandbox.channel.close()
+                with contextlib.suppress(docker.errors.APIError):
+                    self.api.kill(sandbox.id)
+                exit_code, oom_killed = -1, False
+        return protocol.execution_result(
+            request, collector, exit_code=exit_code, timed_out=not finished, oom_killed=oom_killed, started=started
+        )
+
+    # -- a session's interpreter ---------------------------------------------------------------
+    def run_cell(
+        self, kernel: LiveSandbox, code: str, *, limits: SandboxLimits, interrupt_after: float, grace: float
+    ) -> CellResult:
+        started = time.monotonic()
+        nonce = protocol.new_nonce()
+        stdout, stderr = protocol.CappedStream(limits.output_limit), protocol.CappedStream(limits.output_limit)
+        previous = kernel.collector
+        collector = (
+            protocol.Collector(stdout, stderr, nonce) if previous is None else previous.next(stdout, stderr, nonce)
+        )
+        kernel.collector = collector
+        kernel.sock.sendall(protocol.encode_cell(code, nonce))
+        finished = protocol.collect(kernel.channel, collector, time.monotonic() + interrupt_after)
+        timed_out = restarted = oom = False
+        if not finished:
+            timed_out = True
+            with contextlib.suppress(Exception):
+                self.api.kill(kernel.id, signal="SIGINT")
+            protocol.collect(kernel.channel, collector, time.monotonic() + grace)
+            restarted = collector.exit_status is None
+        elif collector.exit_status is None:  # EOF: the interpreter died (OOM, or killed itself)
+            restarted = True
+            with contextlib.suppress(Exception):
+                oom = bool(self.api.inspect_container(kernel.id).get("State", {}).get("OOMKilled"))
+        collector.flush()
+        status = collector.exit_status
+        exit_code = -1 if timed_out else status if status is not None else 137 if oom else 1
+        return protocol.cell_result(
+            collector,
+            limits=limits,
+            timeout_seconds=interrupt_after,
+            exit_code=exit_code,
+            timed_out=timed_out,
+            oom_killed=oom,
+            interpreter_restarted=restarted,
+            started=started,
+        )
+
+    def find_kernel(self, session_id: str, spec: SandboxSpec) -> LiveSandbox | None:
+        with engine_errors(spec.image, spec.limits.runtime):
+            found = self.api.containers(
+                filters={
+                    "label": [f"{SESSION_LABEL}={session_id}", f"{LABEL_PREFIX}purpose=kernel"],
+                    "status": "running",
+                }
+            )
+            if not found:
+                return None
+            attached = self.api.attach_socket(
+                found[0]["Id"], params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+        return LiveSandbox(found[0]["Id"], SocketChannel(attached), spec, time.monotonic())
+
+    def detach(self, sandbox: LiveSandbox) -> None:
+        sandbox.channel.close()
+
+    def destroy(self, sandbox: LiveSandbox) -> None:
+        """Close the stream and force-remove the container. Best effort: never raises."""
+        sandbox.channel.close()
+        if sandbox.writer is not None:
+            sandbox.writer.join(5)  # closing the socket unblocks a write the code never read
+        self._remove(sandbox.id)
+
+    @staticmethod
+    def _send(sock: socket.socket, payload: bytes) -> threading.Thread | None:
+        def write() -> None:
+            try:
+                sock.sendall(payload)
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass  # the container exited or was killed before reading everything
+
+        if len(payload) <= _INLINE_PAYLOAD:
+            write()
+            return None
+        thread = threading.Thread(target=write, name="sandloop-stdin", daemon=True)
+        thread.start()
+        return thread
+
+    def _exit_status(self, container_id: str, reported: int | None = None) -> tuple[int, bool]:
+        status = self.api.wait(container_id, timeout=self._call_timeout)
+        code = int(status.get("StatusCode", -1)) if reported is None else reported
+        oom = False
+        if code != 0:
+            state = self.api.inspect_container(container_id).get("State", {})
+            oom = bool(state.get("OOMKilled"))
+        return code, oom
+
+    # -- workspaces ---------------------------------------------------------------------------
+    def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef:
+        return self.workspaces.create(session_id, quota_bytes, owner_uid_gid)
+
+    def ensure_workspace(self, session_id: str, ref: WorkspaceRef) -> None:
+        self.workspaces.ensure(session_id, ref)
+
+    def delete_workspace(self, session_id: str) -> None:
+        self.workspaces.delete(session_id)
+
+    # -- housekeeping -------------------------------------------------------------------------
+    def owned(self) -> list[Owned]:
+        label = f"{LABEL_PREFIX}owner"
+        with engine_errors():
+            out = [
+                Owned("sandbox", c["Id"], c.get("Labels") or {})
+                for c in self.api.containers(all=True, filters={"label": label})
+            ]
+            volumes = self.api.volumes(filters={"label": label}).get("Volumes") or []
+            out += [Owned("workspace", v["Name"], v.get("Labels") or {}) for v in volumes]
+        return out
+
+    def remove(self, item: Owned) -> None:
+        if item.kind == "sandbox":
+            self._remove(item.id)
+            return
+        try:
+            self.api.remove_volume(item.id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except Exception as exc:  # noqa: BLE001 - reaping is best effort
+            log.warning("could not remove volume %s: %s", item.id, exc)
+
+    def remove_labelled(self, label: str, value: str) -> int:
+        with engine_errors():
+            found = self.api.containers(all=True, filters={"label": f"{label}={value}"})
+        for c in found:
+            self._remove(c["Id"])
+        return len(found)
+
+    def _remove(self, container_id: str) -> bool:
+        """Best effort: never raises, so it cannot mask the error that got us here. A removal that
+        failed (engine down or overloaded) is remembered and retried by ``retry_removals``."""
+        try:
+            self.api.remove_container(container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except Exception as exc:  # noqa: BLE001 - cleanup must not raise
+            log.warning("could not remove container %s: %s (will retry)", container_id[:12], exc)
+            with self._graveyard_lock:
+                self._graveyard.add(container_id)
+            return False
+        with self._graveyard_lock:
+            self._graveyard.discard(container_id)
+        return True
+
+    def retry_removals(self) -> int:
+        with self._graveyard_lock:
+            pending = list(self._graveyard)
+        for container_id in pending:
+            self._remove(container_id)
+        with self._graveyard_lock:
+            return len(self._graveyard)

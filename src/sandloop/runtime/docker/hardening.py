@@ -1,0 +1,77 @@
+"""Every isolation control in ``SandboxLimits``, as a Docker container configuration."""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+from docker.types import LogConfig, Mount, Ulimit
+from sandloop.runtime.base import SandboxSpec
+from sandloop.runtime.labels import owner_labels
+
+#: The environment every sandbox gets. Nothing from the host's environment is passed in.
+SANDBOX_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "MPLBACKEND": "Agg",
+    "MPLCONFIGDIR": "/tmp/.matplotlib",
+}
+
+
+@functools.cache
+def _sandloop_seccomp() -> str:
+    return json.dumps(json.loads(resources.files("sandloop.runtime.docker").joinpath("seccomp.json").read_text()))
+
+
+def seccomp_options(profile: str) -> list[str]:
+    """security_opt entries for a profile name: sandloop's own (see scripts/make-seccomp.py)."""
+    return [f"seccomp={_sandloop_seccomp()}"] if profile == "sandloop" else []
+
+
+def container_config(api: Any, spec: SandboxSpec, purpose: str = "run", lifetime_seconds: float = 60) -> dict[str, Any]:
+    """create_container keyword arguments for ``spec``."""
+    limits = spec.limits
+    ulimits = [Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)]
+    pids_limit = limits.pids
+    if limits.runtime == "runsc":
+        # Under gVisor the pids cgroup counts the Sentry's host threads and ptrace stubs, not
+        # the code's processes: 63 forks need ~400 host pids, and hitting the cgroup limit
+        # crashes the whole sandbox (exit 2). The Sentry enforces RLIMIT_NPROC per sandbox
+        # (threads included), so that is the code's ceiling; the cgroup stays as a backstop.
+        # (Under runc RLIMIT_NPROC would count every uid-65534 process on the host: not used.)
+        ulimits.append(Ulimit(name="nproc", soft=limits.pids, hard=limits.pids))
+        pids_limit = limits.pids * 8 + 128
+    host_config = api.create_host_config(
+        network_mode="bridge" if limits.network else "none",
+        mem_limit=limits.memory_bytes,
+        memswap_limit=limits.memory_swap_bytes,
+        nano_cpus=int(limits.cpus * 1e9),
+        pids_limit=pids_limit,
+        read_only=limits.read_only,
+        tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_bytes},nr_inodes={limits.tmpfs_inodes},mode=1777"},
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges:true", *seccomp_options(limits.seccomp)],
+        ipc_mode="private",
+        ulimits=ulimits,
+        mounts=[Mount(target, volume, type="volume", read_only=False) for volume, target in spec.volumes],
+        # Output reaches us over the attach stream; a log driver would copy a flood to disk.
+        log_config=LogConfig(type=LogConfig.types.NONE),
+        runtime=limits.runtime,
+    )
+    return {
+        "image": spec.image,
+        "command": list(spec.command) or None,
+        "stdin_open": True,  # docker-py also sets StdinOnce: our EOF closes the code's stdin
+        "user": limits.user,
+        "environment": dict(SANDBOX_ENV),
+        "working_dir": spec.cwd,
+        "hostname": "sandbox",
+        "network_disabled": not limits.network,
+        "labels": {**owner_labels(purpose, lifetime_seconds), **dict(spec.labels)},
+        "host_config": host_config,
+    }

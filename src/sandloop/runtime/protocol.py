@@ -1,0 +1,295 @@
+"""The launcher wire protocol, both directions. The other half runs in the sandbox:
+``images/recipe/launcher.py`` (one program) and ``images/recipe/kernel.py`` (a session's cells).
+
+To the launcher, on its stdin: ``SANDLOOP1 <n>\\n`` (n zero-padded to 8 digits), an n-byte JSON
+header, the code, and for a run the program's own stdin until EOF.
+
+From it: the program's stdout and stderr, each ended by the end line
+``END_MARKER <nonce> : <status> [: <payload>] \\n`` once the program is done (the payload, on
+stdout only, carries a cell's value and charts). The nonce is fresh per request, so code can forge
+an end line only for a status it could produce anyway.
+
+A backend only moves bytes: it turns its transport (Docker's attach socket, a subprocess's pipes,
+a remote stream) into a ``Channel`` of ``(stream, chunk)`` reads. Everything that gives those bytes
+meaning is here: framing requests, spotting end lines split across reads, capping what is kept
+*while reading*, and assembling ``ExecutionResult`` / ``CellResult`` (httpx's cut: the transport
+moves bytes, the layer above knows the protocol).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sandloop.contract import Artifact, CellResult, ExecutionResult, SandboxLimits
+
+if TYPE_CHECKING:
+    from sandloop.runtime.base import RunRequest
+
+#: Where the launcher writes the program inside the sandbox (on the /tmp tmpfs).
+STAGING_DIR = "/tmp/sandloop"
+#: The launcher's end line: END_MARKER + nonce + b":" + status [+ b":" + payload] + b"\n".
+END_MARKER = b"\0\x1esandloop-exit:"
+PREAMBLE = b"SANDLOOP1 "
+STDOUT, STDERR = 1, 2
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(8)
+
+
+def _frame(header: dict[str, Any], body: bytes) -> bytes:
+    encoded = json.dumps(header).encode()
+    return PREAMBLE + b"%08d\n" % len(encoded) + encoded + body
+
+
+def encode_run(
+    request: RunRequest, nonce: str = "", *, staging_dir: str = STAGING_DIR, cwd: str | None = None
+) -> bytes:
+    """What the launcher reads on its stdin for one run: header, code, then the program's stdin.
+    ``staging_dir`` and ``cwd`` are paths as the sandbox sees them (a backend may map them)."""
+    header = {
+        "argv": list(request.language.command),
+        "file": f"{staging_dir}/{request.language.file_name}",
+        "code": len(request.code),
+        "cwd": cwd or request.cwd,
+        "inproc": request.language.inproc and request.language.image is None,
+        "nonce": nonce,
+    }
+    return _frame(header, request.code + request.stdin)
+
+
+def encode_cell(code: str, nonce: str) -> bytes:
+    """One cell for a session's interpreter (``launcher.py --kernel``)."""
+    data = code.encode()
+    return _frame({"code": len(data), "nonce": nonce}, data)
+
+
+class CappedStream:
+    """Keeps the first ``limit`` bytes of a stream and counts the rest, never storing it."""
+
+    __slots__ = ("data", "dropped", "limit", "on_kept")
+
+    def __init__(self, limit: int, on_kept: Callable[[bytes], None] | None = None) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.dropped = 0
+        #: Called with each piece of kept output as it arrives (streaming it to a caller).
+        self.on_kept = on_kept
+
+    def feed(self, chunk: bytes | memoryview) -> None:
+        room = self.limit - len(self.data)
+        if room > 0:
+            kept = bytes(chunk[:room])
+            self.data += kept
+            self.dropped += max(0, len(chunk) - room)
+            if self.on_kept is not None and kept:
+                self.on_kept(kept)
+        else:
+            self.dropped += len(chunk)
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+    def base64_if_binary(self) -> str | None:
+        """The exact bytes, for output that text() could only show with replacement characters."""
+        try:
+            self.data.decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(self.data).decode()
+        return None
+
+
+class EndWatch:
+    """Passes one stream's bytes to its sink until the launcher's end line appears in it.
+
+    A few bytes are held back so a line split across reads is still found.
+    """
+
+    def __init__(self, sink: CappedStream, marker: bytes | None) -> None:
+        self.sink = sink
+        self.marker = marker
+        self.held = b""
+        self.status: int | None = None
+        self.payload = b""
+        #: Output after the end line (a thread still printing). A one-shot run drops it with its
+        #: sandbox; a session's interpreter shows it with the next cell (``Collector.reset``).
+        self.after = bytearray()
+
+    def feed(self, chunk: bytes | memoryview) -> None:
+        if self.status is not None:
+            if len(self.after) < self.sink.limit:
+                self.after += chunk[: self.sink.limit - len(self.after)]
+            return
+        if self.marker is None:
+            self.sink.feed(chunk)
+            return
+        data = self.held + bytes(chunk)
+        at = data.find(self.marker)
+        if at >= 0:
+            end = data.find(b"\n", at)
+            self.sink.feed(data[:at])
+            if end < 0:  # the status digits have not all arrived yet
+                self.held = data[at:]
+                return
+            self.held = b""
+            status, _, payload = data[at + len(self.marker) : end].partition(b":")
+            try:
+                self.status = int(status)
+                self.payload = payload
+            except ValueError:
+                self.sink.feed(data[at : end + 1])  # not ours after all
+            self.feed(data[end + 1 :])
+            return
+        cut = max(0, len(data) - (len(self.marker) - 1))
+        nul = data.find(b"\0", cut)
+        cut = nul if nul >= 0 else len(data)
+        self.sink.feed(data[:cut])
+        self.held = data[cut:]
+
+    def flush(self) -> None:
+        if self.held:
+            self.sink.feed(self.held)
+            self.held = b""
+
+
+class Collector:
+    """Both streams of one request: routes chunks, watches for the end lines.
+
+    The engine forwards the two streams independently, so a request is over only when both have
+    ended (``exit_status`` is then set).
+    """
+
+    def __init__(self, stdout: CappedStream, stderr: CappedStream, nonce: str | None) -> None:
+        self.stdout, self.stderr = stdout, stderr
+        marker = None if nonce is None else END_MARKER + nonce.encode() + b":"
+        self._watches = {STDOUT: EndWatch(stdout, marker), STDERR: EndWatch(stderr, marker)}
+
+    @property
+    def exit_status(self) -> int | None:
+        out, err = self._watches[STDOUT].status, self._watches[STDERR].status
+        return err if out is not None and err is not None else None
+
+    @property
+    def payload(self) -> bytes:
+        """What the stdout end line carried after the status (a cell's value and charts)."""
+        return self._watches[STDOUT].payload
+
+    def feed(self, stream: int, chunk: bytes | memoryview) -> None:
+        watch = self._watches.get(stream)
+        if watch is not None:
+            watch.feed(chunk)
+
+    def flush(self) -> None:
+        """End of the stream: whatever was held back was the program's own output."""
+        for watch in self._watches.values():
+            watch.flush()
+
+    def next(self, stdout: CappedStream, stderr: CappedStream, nonce: str) -> Collector:
+        """A collector for the next request on the same connection; output that came after this
+        request's end lines goes to the new sinks first."""
+        following = Collector(stdout, stderr, nonce)
+        for stream, watch in self._watches.items():
+            if watch.after:
+                following.feed(stream, bytes(watch.after))
+        return following
+
+
+class Channel(Protocol):
+    """A backend's transport to one sandbox's launcher, as the protocol sees it."""
+
+    def read(self, timeout: float) -> Iterable[tuple[int, bytes]] | None:
+        """``(stream, chunk)`` pairs that arrived within ``timeout`` seconds (empty if none did);
+        None once the sandbox closed its output (EOF)."""
+        ...
+
+
+def collect(channel: Channel, collector: Collector, deadline: float) -> bool:
+    """Read until both end lines or EOF (True), or until ``deadline`` (False)."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        chunks = channel.read(remaining)
+        if chunks is None:
+            return True
+        for stream, chunk in chunks:
+            collector.feed(stream, chunk)
+        if collector.exit_status is not None:
+            return True
+
+
+def execution_result(
+    request: RunRequest,
+    collector: Collector,
+    *,
+    exit_code: int,
+    timed_out: bool,
+    oom_killed: bool,
+    started: float,
+) -> ExecutionResult:
+    out, err = collector.stdout, collector.stderr
+    return ExecutionResult(
+        **_streams(out, err),
+        exit_code=exit_code,
+        duration_seconds=time.monotonic() - started,
+        timed_out=timed_out,
+        oom_killed=oom_killed,
+        language=request.language.name,
+        timeout_seconds=request.timeout_seconds,
+        limits=request.limits,
+    )
+
+
+def cell_result(
+    collector: Collector,
+    *,
+    limits: SandboxLimits,
+    timeout_seconds: float,
+    exit_code: int,
+    timed_out: bool,
+    oom_killed: bool,
+    interpreter_restarted: bool,
+    started: float,
+) -> CellResult:
+    """A cell's result; its value and charts come from the stdout end line's payload."""
+    value, omitted, artifacts = None, 0, []
+    if collector.exit_status is not None and collector.payload:
+        reply = json.loads(base64.b64decode(collector.payload))
+        value = reply.get("value")
+        omitted = int(reply.get("value_omitted") or 0)
+        artifacts = [
+            Artifact(name=a["name"], mime_type=a["mime"], data=base64.b64decode(a["data"]))
+            for a in reply.get("artifacts", [])
+        ]
+    return CellResult(
+        **_streams(collector.stdout, collector.stderr),
+        exit_code=exit_code,
+        duration_seconds=time.monotonic() - started,
+        timed_out=timed_out,
+        oom_killed=oom_killed,
+        language="python",
+        timeout_seconds=timeout_seconds,
+        limits=limits,
+        value=value,
+        value_omitted_chars=omitted,
+        artifacts=artifacts,
+        interpreter_restarted=interpreter_restarted,
+    )
+
+
+def _streams(out: CappedStream, err: CappedStream) -> dict[str, Any]:
+    return {
+        "stdout": out.text(),
+        "stderr": err.text(),
+        "stdout_base64": out.base64_if_binary(),
+        "stderr_base64": err.base64_if_binary(),
+        "stdout_truncated": out.dropped > 0,
+        "stderr_truncated": err.dropped > 0,
+        "stdout_dropped_bytes": out.dropped,
+        "stderr_dropped_bytes": err.dropped,
+    }

@@ -1,0 +1,153 @@
+"""The pool, sessions and the HTTP API on the test double: their own logic (refill, waiters,
+back-off, admission, session bookkeeping, ownership and metering) with no engine.
+
+What they decide does not depend on the backend; isolation is proven on the real engine only.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from sandloop import SandboxBusy, SandboxLimits, Sandloop, SessionNotFound, Settings
+from sandloop.contract import EngineUnavailable, ImageMissing
+from sandloop.runtime.base import SandboxSpec
+from sandloop.testing.fake import FakeBackend
+from tests.servers import serve_in_thread
+
+
+@pytest.fixture
+def fake(tmp_path):
+    with Sandloop(Settings(backend="fake", home=tmp_path, pool_size=2)) as root:
+        yield root
+
+
+def test_a_warm_hit_is_served_from_the_pool_and_never_reused(fake):
+    spec = SandboxSpec(fake.image, SandboxLimits().for_container())
+    assert fake.dispatcher.prewarm(spec, timeout=30)
+    pooled = fake.dispatcher.pooled_ids()
+    assert len(pooled) == 2
+    assert fake.run_code("print(1)").stdout == "1\n"
+    assert fake.dispatcher.warm_runs == 1 and fake.dispatcher.cold_runs == 0
+    assert fake.dispatcher.settle(30)  # refilled to 2, the used one destroyed
+    now = fake.dispatcher.pooled_ids()
+    assert len(now) == 2 and len(pooled - now) == 1  # the one used is gone for good
+    owned = {i.id for i in fake.backend.owned() if i.kind == "sandbox"}
+    assert owned == now
+
+
+class _FailingLaunches(FakeBackend):
+    """Launches fail (an engine restarting) until ``healthy`` is set."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.healthy = threading.Event()
+        self.attempts = 0
+
+    def launch(self, spec, *, purpose, lifetime_seconds):
+        self.attempts += 1
+        if not self.healthy.is_set():
+            raise EngineUnavailable("simulated: the engine is restarting")
+        return super().launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
+
+
+def test_a_failing_pool_backs_off_then_recovers(tmp_path):
+    backend = _FailingLaunches(home=tmp_path)
+    with Sandloop(Settings(backend="fake", home=tmp_path, pool_size=2), backend=backend) as root:
+        with pytest.raises(EngineUnavailable):
+            root.run_code("print(1)")  # the pool could not fill, the cold path fails too
+        pool = next(iter(root.dispatcher._pools.values()))
+        deadline = time.monotonic() + 10
+        while not pool.failing and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.failing and pool.stats.refill_errors >= 1
+        tried = backend.attempts
+        time.sleep(0.3)
+        pool.top_up()  # inside the back-off window: no new attempt
+        assert backend.attempts == tried
+        backend.healthy.set()
+        time.sleep(1.1)
+        assert root.run_code("print(2)").stdout == "2\n"
+        assert pool.wait_ready(30) and not pool.failing
+
+
+def test_a_pool_for_an_image_that_can_never_start_is_dropped(tmp_path):
+    class NoImage(FakeBackend):
+        def launch(self, spec, *, purpose, lifetime_seconds):
+            raise ImageMissing("simulated: no such image")
+
+    with Sandloop(Settings(backend="fake", home=tmp_path, pool_size=2), backend=NoImage(home=tmp_path)) as root:
+        with pytest.raises(ImageMissing):
+            root.run_code("print(1)")
+        assert root.dispatcher.stats()["pools"] == {}
+
+
+def test_admission_says_busy_instead_of_hanging(tmp_path):
+    settings = Settings(backend="fake", home=tmp_path, pool_size=0, max_running=1, queue_wait_seconds=0.3)
+    with Sandloop(settings) as root:
+        slow = threading.Thread(target=root.run_code, args=("import time; time.sleep(2)",))
+        slow.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        with pytest.raises(SandboxBusy, match="SANDLOOP_MAX_RUNNING"):
+            root.run_code("print(1)")
+        assert time.monotonic() - started < 2
+        slow.join()
+        assert root.dispatcher.stats()["rejected"] == 1
+
+
+def test_sessions_bookkeeping(fake):
+    with fake.create_session(quota="16m", ttl=60) as s:
+        sid = s.id
+        s.write_file("in/a.txt", "hello")
+        assert s.run_cell("x = open('in/a.txt').read()\nx.upper()").value == "'HELLO'"
+        with fake.attach_session(sid) as again:  # `with` on an attached session only detaches
+            assert again.run_cell("x").value == "'hello'"
+        assert sid in [r.id for r in fake.list_sessions()]
+        assert [e["name"] for e in s.list_files("in")] == ["a.txt"]
+    assert sid not in [r.id for r in fake.list_sessions()]  # the `with` that created it deleted it
+    with pytest.raises(SessionNotFound):
+        fake.attach_session(sid)
+
+
+def test_reap_removes_expired_sessions_and_dead_owners_leftovers(fake):
+    s = fake.create_session(quota="16m", ttl=1)
+    sid = s.id
+    s.close()
+    time.sleep(1.2)
+    report = fake.reap()
+    assert sid in report.expired_sessions and sid not in [r.id for r in fake.list_sessions()]
+    gone = f"{socket.gethostname()}:{2**22 + 1}:1"  # a pid above the kernel's maximum: never alive
+    dead_owner = SandboxSpec(fake.image, SandboxLimits(), labels=(("sandloop.owner", gone),))
+    leftover = fake.backend.launch(dead_owner, purpose="run", lifetime_seconds=60)
+    dry = fake.reap(dry_run=True)
+    assert leftover.id in [i.id for i in dry.items]  # the owner label names a process that is gone
+    fake.reap()
+    assert leftover.id not in {i.id for i in fake.backend.owned()}
+
+
+def test_the_api_scopes_and_meters_on_the_fake(tmp_path, fake):
+    from sandloop.server.app import create_app
+    from sandloop.server.tokens import TokenStore
+
+    tokens = TokenStore(tmp_path / "tokens.sqlite")
+    alice, _ = tokens.create("alice", runs_per_minute=5)
+    bob, _ = tokens.create("bob")
+    with serve_in_thread(create_app(tokens, sandloop=fake)) as url:
+        a = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {alice}"}, timeout=60)
+        b = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {bob}"}, timeout=60)
+        assert a.post("/v1/runs", json={"code": "print(6*7)"}).json()["stdout"] == "42\n"  # 1
+        sid = a.post("/v1/sessions", json={"quota": "16m"}).json()["id"]  # 2
+        assert a.put(f"/v1/sessions/{sid}/files/x.txt", content=b"x").status_code == 200  # 3
+        assert b.get(f"/v1/sessions/{sid}/files/x.txt").status_code == 404  # bob cannot see it
+        assert a.get(f"/v1/sessions/{sid}/files/x.txt").content == b"x"  # 4
+        assert a.get(f"/v1/sessions/{sid}/files").status_code == 200  # 5
+        limited = a.post(f"/v1/sessions/{sid}/cells", json={"code": "1"})
+        assert limited.status_code == 429 and limited.json()["code"] == "rate_limited"
+        assert b.post("/v1/runs", json={"code": "print(1)"}).status_code == 200  # bob has his own window
+        a.close()
+        b.close()
