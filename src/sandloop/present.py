@@ -1,5 +1,6 @@
-"""A result as the front ends show it: one JSON shape for the HTTP API and the CLI's ``--json``
-(the same fields everywhere: the result, its notes, charts as base64)."""
+"""A result as each reader sees it, in one place: the text a model reads (the agent loop, MCP),
+one JSON shape for the HTTP API and the CLI's ``--json`` (the result, its notes, charts as
+base64), and the exact bytes for a terminal."""
 
 from __future__ import annotations
 
@@ -26,3 +27,27 @@ def stream_bytes(result: ExecutionResult, stream: str) -> bytes:
     """The exact bytes a stream kept (binary output included)."""
     raw = getattr(result, f"{stream}_base64")
     return base64.b64decode(raw) if raw is not None else getattr(result, stream).encode()
+
+
+#: Characters of each stream shown to the model (head and tail kept). The sandbox keeps 64 KB per
+#: stream; that much of a flood in a model's context costs tokens and helps nobody.
+MODEL_STREAM_CHARS = 8000
+
+
+def clip_for_model(text: str, limit: int = MODEL_STREAM_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit * 3 // 4], text[-(limit // 4) :]
+    return f"{head}\n... [{len(text) - len(head) - len(tail)} characters omitted here] ...\n{tail}"
+
+
+def format_execution(result: ExecutionResult, stream_chars: int = MODEL_STREAM_CHARS) -> str:
+    """What the model reads: exit code, both streams, and a note for whatever the sandbox decided."""
+    status = "timed out (killed)" if result.timed_out else str(result.exit_code)
+    parts = [f"exit_code: {status}", f"duration: {result.duration_seconds:.2f}s"]
+    parts.append("stdout:\n" + (clip_for_model(result.stdout, stream_chars) if result.stdout else "(empty)"))
+    if result.stderr:
+        parts.append("stderr:\n" + clip_for_model(result.stderr, stream_chars))
+    for note in sandbox_notes(result):
+        parts.append("note: " + note)
+    return "\n".join(parts)

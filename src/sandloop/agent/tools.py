@@ -10,9 +10,10 @@ from typing import Any
 from sandloop import languages
 from sandloop.agent.types import ToolCall, ToolResult, ToolSpec
 from sandloop.contract import ExecutionResult, SandboxError, SandboxLimits
-from sandloop.notes import sandbox_notes
+from sandloop.present import MODEL_STREAM_CHARS, clip_for_model, format_execution
 
 log = logging.getLogger(__name__)
+__all__ = ["MODEL_STREAM_CHARS", "Tool", "Toolbox", "clip_for_model", "execute_code_tool", "format_execution"]
 
 #: How long a model may ask a single run to take.
 MAX_TOOL_TIMEOUT = 300.0
@@ -20,30 +21,6 @@ MAX_TOOL_TIMEOUT = 300.0
 
 class ToolArgumentError(ValueError):
     """The model's arguments for a tool are missing or of the wrong type."""
-
-
-#: Characters of each stream shown to the model (head and tail kept). The sandbox keeps 64 KB per
-#: stream; that much of a flood in a model's context costs tokens and helps nobody.
-MODEL_STREAM_CHARS = 8000
-
-
-def clip_for_model(text: str, limit: int = MODEL_STREAM_CHARS) -> str:
-    if len(text) <= limit:
-        return text
-    head, tail = text[: limit * 3 // 4], text[-(limit // 4) :]
-    return f"{head}\n... [{len(text) - len(head) - len(tail)} characters omitted here] ...\n{tail}"
-
-
-def format_execution(result: ExecutionResult, stream_chars: int = MODEL_STREAM_CHARS) -> str:
-    """What the model reads: exit code, both streams, and a note for whatever the sandbox decided."""
-    status = "timed out (killed)" if result.timed_out else str(result.exit_code)
-    parts = [f"exit_code: {status}", f"duration: {result.duration_seconds:.2f}s"]
-    parts.append("stdout:\n" + (clip_for_model(result.stdout, stream_chars) if result.stdout else "(empty)"))
-    if result.stderr:
-        parts.append("stderr:\n" + clip_for_model(result.stderr, stream_chars))
-    for note in sandbox_notes(result):
-        parts.append("note: " + note)
-    return "\n".join(parts)
 
 
 @dataclass(frozen=True)

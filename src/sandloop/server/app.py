@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sandloop.contract import SandboxError, SandboxLimits, parse_size
 from sandloop.present import result_json
+from sandloop.server.errors import ApiError, error_for
 from sandloop.server.guard import RequestGuard
 from sandloop.server.models import (
     MAX_ARCHIVE_BYTES,
@@ -50,36 +51,6 @@ if TYPE_CHECKING:
 DEFAULT_MEMORY, DEFAULT_TIMEOUT = "256m", 30.0
 #: Bodies of routes that take none (GET, DELETE) are refused past this.
 _SMALL_BODY = 64 * 1024
-
-#: HTTP status for each stable error code (``SandboxError.code`` and the API's own).
-STATUS = {
-    "busy": 429,
-    "not_found": 404,
-    "session_not_found": 404,
-    "path_refused": 400,
-    "too_large": 413,
-    "workspace_full": 507,
-    "invalid_argument": 400,
-    "invalid_limits": 400,
-    "unknown_language": 400,
-    "engine_unavailable": 503,
-    "image_missing": 503,
-    "runtime_unavailable": 503,
-}
-RETRY_AFTER = {"busy": 2, "engine_unavailable": 5}
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, retry_after: int | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
-
-
-def error_for(exc: SandboxError) -> ApiError:
-    code = exc.code
-    # The engine's and image's troubles are the operator's, not the caller's: one code for them.
-    public = "engine_unavailable" if STATUS.get(code) == 503 else "not_found" if code.endswith("not_found") else code
-    return ApiError(STATUS.get(code, 500), public, str(exc), retry_after=RETRY_AFTER.get(public))
 
 
 class Metrics:
@@ -225,12 +196,8 @@ def create_app(
     def with_session(token: Token, session_id: str, call: Any) -> Any:
         """``call(session)`` on one of the token's sessions, counted against its rate (each
         operation starts or uses a sandbox)."""
-        with rates.use(token):
-            s = owned(token, session_id)
-            try:
-                return call(s)
-            finally:
-                s.close()
+        with rates.use(token), owned(token, session_id) as s:  # attached: `with` only detaches
+            return call(s)
 
     def sse_from_thread(work: Any, release: Any) -> StreamingResponse:
         """Run ``work(emit)`` in a worker thread and stream each ``emit(kind, data)`` as a
@@ -476,9 +443,8 @@ def create_app(
 
     @app.get("/v1/sessions/{session_id}")
     def get_session(session_id: str, token: Auth) -> dict[str, Any]:
-        s = owned(token, session_id)
-        s.close()
-        return session_json(s.record)
+        with owned(token, session_id) as s:
+            return session_json(s.record)
 
     @app.delete("/v1/sessions/{session_id}", status_code=204)
     def delete_session(session_id: str, token: Auth) -> Response:

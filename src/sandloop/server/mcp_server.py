@@ -26,8 +26,8 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, ImageContent, TextContent
 
 from sandloop import languages
-from sandloop.agent.tools import format_execution
 from sandloop.contract import SandboxError, SandboxLimits, SessionNotFound, parse_size
+from sandloop.present import format_execution
 from sandloop.server.quota import QuotaError, RateWindow, check_session_room
 from sandloop.server.tokens import Token, TokenStore
 

@@ -18,6 +18,15 @@ MAX_JSON_BYTES = 2 * 4 * MAX_CODE_CHARS + 2 * 1024 * 1024
 
 SIZE_PATTERN = r"^\s*\d+\s*[bkmgBKMG]?[bB]?\s*$"
 
+# Policy caps of this API, tighter than the core's bounds (a run may take a day, a session idle
+# for 30 days, in the Python API): a network service holds less for a caller. Tokens narrow them.
+#: Longest run or cell timeout over the API (the core allows 24 h).
+API_MAX_TIMEOUT_SECONDS = 3600
+#: Longest per-run timeout inside an agent run (the agent's own tool allows 300 s).
+API_MAX_AGENT_TIMEOUT_SECONDS = 300
+#: A session's idle TTL over the API: 10 s to 7 days (the core allows 1 s to 30 days).
+API_MIN_TTL_SECONDS, API_MAX_TTL_SECONDS = 10, 7 * 86400
+
 
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -36,7 +45,7 @@ class LimitsIn(_In):
 _TIMEOUT = Field(
     None,
     gt=0,
-    le=3600,
+    le=API_MAX_TIMEOUT_SECONDS,
     allow_inf_nan=False,
     description="Seconds; left out, 30 (or the token's ceiling, if lower).",
 )
@@ -70,7 +79,7 @@ class CellIn(_In):
 
 
 class SessionIn(_In):
-    ttl_seconds: float = Field(3600, ge=10, le=7 * 86400, allow_inf_nan=False)
+    ttl_seconds: float = Field(3600, ge=API_MIN_TTL_SECONDS, le=API_MAX_TTL_SECONDS, allow_inf_nan=False)
     quota: str = Field("256m", pattern=SIZE_PATTERN, max_length=20)
     limits: LimitsIn = Field(default_factory=LimitsIn)
 
@@ -84,6 +93,10 @@ class AgentRunIn(_In):
     base_url: str | None = Field(None, max_length=2000)
     max_iterations: int | None = Field(None, ge=1, le=50, description="Left out: 10 (or the token's ceiling).")
     timeout_seconds: float | None = Field(
-        None, gt=0, le=300, allow_inf_nan=False, description="Per sandbox run; left out, 30 (or the token's ceiling)."
+        None,
+        gt=0,
+        le=API_MAX_AGENT_TIMEOUT_SECONDS,
+        allow_inf_nan=False,
+        description="Per sandbox run; left out, 30 (or the token's ceiling).",
     )
     limits: LimitsIn = Field(default_factory=LimitsIn)

@@ -9,6 +9,12 @@ from sandloop.agent.types import LLMClient
 PROVIDERS = ("anthropic", "openai")
 #: The model used when none is named (CLI, HTTP API).
 DEFAULT_MODELS = {"anthropic": "claude-sonnet-5-5", "openai": "gpt-4o"}
+#: The system prompt every adapter sends unless given another.
+DEFAULT_SYSTEM = (
+    "You solve tasks by writing and running code with the execute_code tool. Run code to check "
+    "facts and compute results instead of guessing; read the tool's notes when a run fails and "
+    "change your approach. When you are done, answer plainly without calling a tool."
+)
 
 
 def make_client(provider: str, model: str, **options: Any) -> LLMClient:

@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from sandloop.agent.providers import DEFAULT_SYSTEM
 from sandloop.agent.providers.sdk_errors import provider_errors
 from sandloop.agent.types import (
     AssistantTurn,
@@ -26,11 +27,6 @@ from sandloop.agent.types import (
 )
 
 API_KEY_ENV = "ANTHROPIC_API_KEY"
-DEFAULT_SYSTEM = (
-    "You solve tasks by writing and running code with the execute_code tool. Run code to check "
-    "facts and compute results instead of guessing; read the tool's notes when a run fails and "
-    "change your approach. When you are done, answer plainly without calling a tool."
-)
 
 
 def to_wire(transcript: Sequence[Turn]) -> list[dict[str, Any]]:

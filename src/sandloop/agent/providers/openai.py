@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from sandloop.agent.providers.anthropic import DEFAULT_SYSTEM
+from sandloop.agent.providers import DEFAULT_SYSTEM
 from sandloop.agent.providers.sdk_errors import provider_errors
 from sandloop.agent.types import (
     AssistantTurn,

@@ -14,6 +14,7 @@ import base64
 import io
 import json
 import os
+import signal
 import sys
 import traceback
 import types
@@ -72,6 +73,9 @@ def run_cell(code, namespace):
 
 
 def serve():
+    # The host interrupts a cell with SIGINT. A process started with SIGINT ignored (a background
+    # job's child, as the test double's interpreters can be) would never see it: take it back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main

@@ -1,0 +1,113 @@
+"""``sandloop serve`` (HTTP API, playground) and ``sandloop mcp`` (stdio or streamable HTTP)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import typer
+
+from sandloop.cli.common import _fail, app, err
+from sandloop.contract import SandboxError, SandboxLimits
+
+
+def _warn_if_exposed(host: str, what: str) -> None:
+    import ipaddress
+
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        err.print(
+            f"[yellow]warning:[/] {what} listens on {host} without TLS: bearer tokens and code cross the network "
+            "in clear text. Put it behind a TLS-terminating proxy, or listen on 127.0.0.1."
+        )
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8080,
+    provider_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--provider-url",
+            help="A model endpoint agent runs may use: PROVIDER=URL (no key sent) or PROVIDER=URL;key=ENV_VAR "
+            "(the value of $ENV_VAR is sent). Repeatable; the first per provider is its default.",
+        ),
+    ] = None,
+    official_providers: Annotated[
+        bool,
+        typer.Option(
+            "--official-providers/--no-official-providers",
+            help="Also list api.anthropic.com and api.openai.com (with ANTHROPIC_API_KEY / OPENAI_API_KEY).",
+        ),
+    ] = True,
+    metrics: Annotated[
+        str, typer.Option("--metrics", help="Who may read /metrics: token (a valid token), open, or off.")
+    ] = "token",
+) -> None:
+    """Serve the HTTP API (OpenAPI at /docs). Create a token first: `sandloop tokens create NAME`."""
+    try:
+        import uvicorn
+
+        from sandloop.server.app import create_app
+        from sandloop.server.providers import EndpointConfigError, ProviderEndpoints
+    except ImportError:
+        raise _fail("the HTTP API needs its extra: pip install 'sandloop[server]'", 2) from None
+    if metrics not in ("token", "open", "off"):
+        raise _fail("--metrics must be token, open or off", 2)
+    try:
+        endpoints = ProviderEndpoints(provider_url or [], official=official_providers)
+    except EndpointConfigError as exc:
+        raise _fail(f"--provider-url {exc}", 2) from None
+    from sandloop.runner import shutdown
+    from sandloop.server.lifecycle import at_shutdown
+
+    _warn_if_exposed(host, "the HTTP API")
+    # The warm pool's sandboxes go when the server stops, not at the next reap.
+    access: Literal["token", "open", "off"] = metrics  # type: ignore[assignment]  # checked above
+    app_ = at_shutdown(create_app(providers=endpoints, metrics_access=access), shutdown)
+    uvicorn.run(app_, host=host, port=port, log_level="info")
+
+
+@app.command()
+def mcp(
+    transport: Annotated[str, typer.Option("--transport", help="stdio, or http (streamable HTTP at /mcp).")] = "stdio",
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8765,
+    runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor).")] = "runc",
+    memory: Annotated[str, typer.Option("--memory")] = "256m",
+) -> None:
+    """Serve sandloop as MCP tools (run code, sessions, files) for MCP clients.
+
+    Over http every request needs a token (`sandloop tokens create NAME`, sent as
+    `Authorization: Bearer ...`); a token sees only its own sessions. stdio trusts the local user.
+    """
+    try:
+        from sandloop.server.mcp_server import create_mcp_server, http_app
+    except ImportError:
+        raise _fail("the MCP server needs its extra: pip install 'sandloop[mcp]'", 2) from None
+    if transport not in ("stdio", "http"):
+        raise _fail("--transport must be stdio or http", 2)
+    try:
+        limits = SandboxLimits(runtime=runtime, memory=memory)
+    except SandboxError as exc:
+        raise _fail(str(exc), 2) from None
+    from sandloop.runner import shutdown
+
+    try:
+        if transport == "stdio":
+            create_mcp_server(limits).run("stdio")
+            return
+        import uvicorn
+
+        from sandloop.server.lifecycle import at_shutdown
+        from sandloop.server.tokens import TokenStore
+
+        tokens = TokenStore()
+        _warn_if_exposed(host, "the MCP server")
+        app_ = at_shutdown(http_app(create_mcp_server(limits, tokens), tokens, host=host), shutdown)
+        uvicorn.run(app_, host=host, port=port, log_level="info")
+    finally:
+        shutdown()  # stdio ends by returning; over HTTP the lifespan above already did this

@@ -1,0 +1,205 @@
+"""``sandloop session ...``: sessions from the command line (one call per process, no warm pool)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from sandloop.cli.common import (
+    _CODE_OPTION,
+    _exit_for,
+    _fail,
+    _print_result,
+    _program,
+    _program_stdin,
+    err,
+    out,
+    session_app,
+)
+from sandloop.contract import SandboxError, SandboxLimits
+
+if TYPE_CHECKING:
+    from sandloop.sessions import Session
+
+
+def _session(session_id: str) -> Session:
+    from sandloop.runner import configure
+    from sandloop.sessions import Session
+    from sandloop.settings import Settings
+
+    configure(Settings(pool_size=0))  # one call per process: a warm pool would only cost containers
+
+    try:
+        return Session.attach(session_id)
+    except SandboxError as exc:
+        raise _fail(str(exc)) from None
+
+
+@session_app.command("create")
+def session_create(
+    ttl: Annotated[float, typer.Option("--ttl", help="Idle seconds before the session is removed.")] = 3600,
+    quota: Annotated[str, typer.Option("--quota", help="Workspace size cap, e.g. 256m.")] = "256m",
+    memory: Annotated[str, typer.Option("--memory", help="Memory ceiling of its sandboxes.")] = "256m",
+    runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor).")] = "runc",
+) -> None:
+    """Create a session and print its id."""
+    from sandloop.sessions import Session
+
+    try:
+        s = Session.create(SandboxLimits(memory=memory, runtime=runtime), ttl=ttl, quota=quota)
+    except SandboxError as exc:
+        raise _fail(str(exc)) from None
+    s.close()
+    out.print(s.id)
+
+
+@session_app.command("ls")
+def session_ls() -> None:
+    """List live sessions."""
+    import datetime
+
+    from sandloop.sessions import Session
+
+    table = Table("id", "quota", "enforced", "runtime", "idle for", "expires")
+    now = datetime.datetime.now().timestamp()
+    for r in Session.list():
+        expires = datetime.datetime.fromtimestamp(r.expires_at).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(
+            r.id,
+            f"{r.quota_bytes >> 20}m",
+            str(r.quota_enforced),
+            r.limits.get("runtime", "runc"),
+            f"{now - r.last_used:.0f}s",
+            expires,
+        )
+    out.print(table)
+
+
+@session_app.command("run")
+def session_run(
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    file: Annotated[Path | None, typer.Argument(help="Program; '-' or nothing reads stdin.")] = None,
+    code: Annotated[str | None, _CODE_OPTION] = None,
+    language: Annotated[str | None, typer.Option("-l", "--language")] = None,
+    timeout: Annotated[float, typer.Option("-t", "--timeout")] = 30,
+    input_file: Annotated[
+        Path | None, typer.Option("--stdin", help="File whose content is the program's stdin.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Run a program in a fresh process with the session's workspace as working directory:
+    `session run SID script.py`, `session run SID -c 'ls -la' -l bash`."""
+    source, lang, stdin_taken = _program(file, code, language)
+    stdin_data = _program_stdin(input_file, stdin_taken)
+    try:
+        with _session(session_id) as s:  # an attached session: `with` only detaches
+            result = s.run(source, lang, timeout, stdin=stdin_data)
+    except SandboxError as exc:
+        raise _fail(str(exc)) from None
+    _print_result(result, as_json)
+    raise _exit_for(result)
+
+
+def _free_path(target: Path) -> Path:
+    """``target``, or ``name-2.ext``, ``name-3.ext`` ... if it exists: never overwrite a file."""
+    n = 2
+    free = target
+    while free.exists():
+        free = target.with_name(f"{target.stem}-{n}{target.suffix}")
+        n += 1
+    return free
+
+
+@session_app.command("cell")
+def session_cell(
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    file: Annotated[Path | None, typer.Argument(help="Python file; '-' or nothing reads stdin.")] = None,
+    code: Annotated[str | None, _CODE_OPTION] = None,
+    timeout: Annotated[float, typer.Option("-t", "--timeout")] = 30,
+    artifacts_dir: Annotated[
+        Path | None, typer.Option("--artifacts", help="Save charts into this directory (never overwriting).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Run a cell in the session's stateful interpreter; prints the last expression's value:
+    `session cell SID -c 'df.describe()'`, `session cell SID analysis.py`."""
+    source, _, _ = _program(file, code, "python")
+    try:
+        with _session(session_id) as s:
+            result = s.run_cell(source, timeout)
+    except SandboxError as exc:
+        raise _fail(str(exc)) from None
+    _print_result(result, as_json)
+    if result.value is not None and not as_json:
+        print(result.value)
+    for art in result.artifacts:
+        if artifacts_dir is None:
+            err.print(f"chart {art.name} ({art.mime_type}, {len(art.data)} bytes) not saved: add --artifacts DIR")
+            continue
+        artifacts_dir.mkdir(parents=True, exist_ok=True)
+        target = _free_path(artifacts_dir / Path(art.name).name)
+        target.write_bytes(art.data)
+        err.print(f"saved {art.name} ({art.mime_type}, {len(art.data)} bytes) to {target}")
+    if result.interpreter_restarted:
+        err.print("[yellow]sandloop:[/] the interpreter had to be restarted: its variables are gone")
+    raise _exit_for(result)
+
+
+@session_app.command("cp")
+def session_cp(
+    src: Annotated[str, typer.Argument(help="Local path or SESSION:path.")],
+    dst: Annotated[str, typer.Argument(help="Local path or SESSION:path.")],
+) -> None:
+    """Copy files in or out: `cp data.csv s-123:in/` , `cp s-123:out.png .` (a directory goes as a tree)."""
+
+    def remote(spec: str) -> tuple[str, str] | None:
+        head, sep, tail = spec.partition(":")
+        return (head, tail or ".") if sep and head.startswith("s-") else None
+
+    r_src, r_dst = remote(src), remote(dst)
+    if bool(r_src) == bool(r_dst):
+        raise _fail("exactly one of SRC and DST must be SESSION:path", 2)
+    try:
+        if r_dst:
+            with _session(r_dst[0]) as s:
+                local = Path(src)
+                if local.is_dir():
+                    info = s.upload(local, r_dst[1])
+                    out.print(f"uploaded {info['files']} files ({info['bytes']} bytes)")
+                else:
+                    target = (
+                        r_dst[1].rstrip("/") + "/" + local.name
+                        if r_dst[1].endswith("/") or r_dst[1] == "."
+                        else r_dst[1]
+                    )
+                    out.print(f"wrote {s.write_file(target, local.read_bytes())} bytes to {s.id}:{target}")
+        else:
+            assert r_src is not None
+            with _session(r_src[0]) as s:
+                entries = s.list_files(r_src[1])
+                is_file = len(entries) == 1 and entries[0]["type"] == "file" and r_src[1].endswith(entries[0]["name"])
+                if is_file:
+                    data = s.read_file(r_src[1])
+                    dest = Path(dst) / Path(r_src[1]).name if Path(dst).is_dir() else Path(dst)
+                    dest.write_bytes(data)
+                    out.print(f"wrote {len(data)} bytes to {dest}")
+                else:
+                    import io
+                    import tarfile
+
+                    with tarfile.open(fileobj=io.BytesIO(s.download(r_src[1])), mode="r:gz") as tar:
+                        tar.extractall(dst, filter="data")
+                    out.print(f"extracted {r_src[1]} into {dst}")
+    except (SandboxError, OSError) as exc:
+        raise _fail(str(exc)) from None
+
+
+@session_app.command("rm")
+def session_rm(session_ids: Annotated[list[str], typer.Argument(help="Session ids.")]) -> None:
+    """Delete sessions: their interpreter, containers and workspace."""
+    for sid in session_ids:
+        _session(sid).delete()
+        out.print(f"deleted {sid}")

@@ -1,0 +1,36 @@
+"""The HTTP API's errors: always ``{code, message}``, the status chosen by the stable code of the
+core's error (``SandboxError.code``), never by reading its message."""
+
+from __future__ import annotations
+
+from sandloop.contract import SandboxError
+
+#: HTTP status for each stable error code (``SandboxError.code`` and the API's own).
+STATUS = {
+    "busy": 429,
+    "not_found": 404,
+    "session_not_found": 404,
+    "path_refused": 400,
+    "too_large": 413,
+    "workspace_full": 507,
+    "invalid_argument": 400,
+    "invalid_limits": 400,
+    "unknown_language": 400,
+    "engine_unavailable": 503,
+    "image_missing": 503,
+    "runtime_unavailable": 503,
+}
+RETRY_AFTER = {"busy": 2, "engine_unavailable": 5}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
+
+
+def error_for(exc: SandboxError) -> ApiError:
+    code = exc.code
+    # The engine's and image's troubles are the operator's, not the caller's: one code for them.
+    public = "engine_unavailable" if STATUS.get(code) == 503 else "not_found" if code.endswith("not_found") else code
+    return ApiError(STATUS.get(code, 500), public, str(exc), retry_after=RETRY_AFTER.get(public))
