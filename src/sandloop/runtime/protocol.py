@@ -19,6 +19,7 @@ moves bytes, the layer above knows the protocol).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import secrets
 import time
@@ -221,6 +222,28 @@ def collect(channel: Channel, collector: Collector, deadline: float) -> bool:
             collector.feed(stream, chunk)
         if collector.exit_status is not None:
             return True
+
+
+def cell_collector(previous: Collector | None, limit: int, nonce: str) -> Collector:
+    """The collector for a session interpreter's next cell; output a thread printed after the
+    previous cell's end line comes first."""
+    stdout, stderr = CappedStream(limit), CappedStream(limit)
+    return Collector(stdout, stderr, nonce) if previous is None else previous.next(stdout, stderr, nonce)
+
+
+def await_cell(
+    channel: Channel, collector: Collector, *, interrupt_after: float, grace: float, interrupt: Callable[[], None]
+) -> tuple[bool, bool]:
+    """Collect a cell's output; past ``interrupt_after`` call ``interrupt()`` (SIGINT: the
+    interpreter's state survives) and wait ``grace`` more seconds. Returns (timed_out, gone):
+    ``gone`` when the interpreter did not answer or died, so the caller replaces it."""
+    finished = collect(channel, collector, time.monotonic() + interrupt_after)
+    if finished:
+        return False, collector.exit_status is None  # EOF without an end line: it died (OOM, exit)
+    with contextlib.suppress(Exception):  # an interpreter that cannot be signalled is replaced below
+        interrupt()
+    collect(channel, collector, time.monotonic() + grace)
+    return True, collector.exit_status is None
 
 
 def execution_result(

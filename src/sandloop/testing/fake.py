@@ -212,30 +212,21 @@ class FakeBackend:
     ) -> CellResult:
         started = time.monotonic()
         nonce = protocol.new_nonce()
-        stdout, stderr = protocol.CappedStream(limits.output_limit), protocol.CappedStream(limits.output_limit)
-        previous = kernel.collector
-        if previous is None:
-            collector = protocol.Collector(stdout, stderr, nonce)
-        else:
-            collector = previous.next(stdout, stderr, nonce)
-        kernel.collector = collector
+        collector = kernel.collector = protocol.cell_collector(kernel.collector, limits.output_limit, nonce)
         stdin = kernel.proc.stdin
         assert stdin is not None
         try:
             stdin.write(protocol.encode_cell(code, nonce))
             stdin.flush()
         except OSError:
-            pass  # the interpreter is gone: collect sees EOF and the result says so
-        finished = protocol.collect(kernel.channel, collector, time.monotonic() + interrupt_after)
-        timed_out = restarted = False
-        if not finished:
-            timed_out = True
-            with contextlib.suppress(OSError):
-                kernel.proc.send_signal(signal.SIGINT)
-            protocol.collect(kernel.channel, collector, time.monotonic() + grace)
-            restarted = collector.exit_status is None
-        elif collector.exit_status is None:
-            restarted = True
+            pass  # the interpreter is gone: collecting sees EOF and the result says so
+        timed_out, gone = protocol.await_cell(
+            kernel.channel,
+            collector,
+            interrupt_after=interrupt_after,
+            grace=grace,
+            interrupt=lambda: kernel.proc.send_signal(signal.SIGINT),
+        )
         collector.flush()
         status = collector.exit_status
         return protocol.cell_result(
@@ -245,7 +236,7 @@ class FakeBackend:
             exit_code=-1 if timed_out else status if status is not None else 1,
             timed_out=timed_out,
             oom_killed=False,
-            interpreter_restarted=restarted,
+            interpreter_restarted=gone,
             started=started,
         )
 

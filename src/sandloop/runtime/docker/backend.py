@@ -213,36 +213,29 @@ class DockerBackend:
     ) -> CellResult:
         started = time.monotonic()
         nonce = protocol.new_nonce()
-        stdout, stderr = protocol.CappedStream(limits.output_limit), protocol.CappedStream(limits.output_limit)
-        previous = kernel.collector
-        collector = (
-            protocol.Collector(stdout, stderr, nonce) if previous is None else previous.next(stdout, stderr, nonce)
-        )
-        kernel.collector = collector
+        collector = kernel.collector = protocol.cell_collector(kernel.collector, limits.output_limit, nonce)
         kernel.sock.sendall(protocol.encode_cell(code, nonce))
-        finished = protocol.collect(kernel.channel, collector, time.monotonic() + interrupt_after)
-        timed_out = restarted = oom = False
-        if not finished:
-            timed_out = True
-            with contextlib.suppress(Exception):
-                self.api.kill(kernel.id, signal="SIGINT")
-            protocol.collect(kernel.channel, collector, time.monotonic() + grace)
-            restarted = collector.exit_status is None
-        elif collector.exit_status is None:  # EOF: the interpreter died (OOM, or killed itself)
-            restarted = True
+        timed_out, gone = protocol.await_cell(
+            kernel.channel,
+            collector,
+            interrupt_after=interrupt_after,
+            grace=grace,
+            interrupt=lambda: self.api.kill(kernel.id, signal="SIGINT"),
+        )
+        oom = False
+        if gone and not timed_out:
             with contextlib.suppress(Exception):
                 oom = bool(self.api.inspect_container(kernel.id).get("State", {}).get("OOMKilled"))
         collector.flush()
         status = collector.exit_status
-        exit_code = -1 if timed_out else status if status is not None else 137 if oom else 1
         return protocol.cell_result(
             collector,
             limits=limits,
             timeout_seconds=interrupt_after,
-            exit_code=exit_code,
+            exit_code=-1 if timed_out else status if status is not None else 137 if oom else 1,
             timed_out=timed_out,
             oom_killed=oom,
-            interpreter_restarted=restarted,
+            interpreter_restarted=gone,
             started=started,
         )
 
