@@ -68,6 +68,10 @@ class Settings(BaseSettings):
         None, description="The runtime image; default: the one the recipe in this version builds."
     )
     engine_timeout: float = Field(30, gt=0, description="Seconds any single engine call may take.")
+    debian_mirror: str | None = Field(
+        None, description="Debian mirror for the offline image build; default: the first in this machine's apt sources."
+    )
+    build_dir: Path = Field(Path("/var/tmp"), description="Where the image build unpacks its root filesystem.")
     pool_size: int = Field(2, ge=0, le=256, description="Warm sandboxes kept per pool key; 0 disables the pool.")
     pool_refill_concurrency: int = Field(2, ge=1, le=64, description="Sandboxes a pool creates at once.")
     pool_idle_seconds: float = Field(

@@ -27,9 +27,12 @@ LATEST = "sandloop-runtime:latest"
 
 
 def debian_mirror() -> str:
-    """``SANDLOOP_DEBIAN_MIRROR``, else the first Debian mirror in this machine's apt sources."""
-    if os.environ.get("SANDLOOP_DEBIAN_MIRROR"):
-        return os.environ["SANDLOOP_DEBIAN_MIRROR"]
+    """``SANDLOOP_DEBIAN_MIRROR`` (settings), else the first Debian mirror in this machine's apt sources."""
+    from sandloop.settings import Settings
+
+    configured = Settings().debian_mirror
+    if configured:
+        return configured
     candidates: list[Path] = [Path("/etc/apt/sources.list")]
     sources_d = Path("/etc/apt/sources.list.d")
     if sources_d.is_dir():
@@ -90,7 +93,9 @@ def build_base(images: DockerImages, progress: Progress) -> str:
             "`sandloop images build --from debian:bookworm-slim`."
         )
     packages = _lines(RECIPE_DIR / "packages.txt")
-    workdir = Path(tempfile.mkdtemp(prefix="sandloop-rootfs-", dir=os.environ.get("SANDLOOP_BUILD_DIR", "/var/tmp")))
+    from sandloop.settings import Settings
+
+    workdir = Path(tempfile.mkdtemp(prefix="sandloop-rootfs-", dir=str(Settings().build_dir)))
     rootfs = workdir / "rootfs"
     try:
         _run(
