@@ -41,7 +41,11 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
     if info.quotas_enforced:
         checks.append(Check("session quotas", "ok", "workspaces have a real size cap"))
     else:
-        detail = "needs root and mkfs.ext4 (e2fsprogs): workspaces get no quota"
+        detail = (
+            "needs root and mkfs.ext4 (e2fsprogs): workspaces get no quota"
+            if info.name == "docker"
+            else f"the {info.name} backend's workspaces have no size cap"
+        )
         checks.append(Check("session quotas", "off", detail, essential=False))
     image = root.image
     have_image = root.backend.has_image(image)

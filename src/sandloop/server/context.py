@@ -1,0 +1,151 @@
+"""What every route of the HTTP API shares: the ``Api`` state (the Sandloop, tokens, provider
+endpoints, per-token windows, metrics) with the rules a route applies before calling the core
+(limits clamped to the token's ceilings, session ownership, metering), and authentication."""
+
+import collections
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, Request, Security
+from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPBearer
+from starlette.concurrency import run_in_threadpool
+
+from sandloop.contract import SandboxError, SandboxLimits, parse_size
+from sandloop.present import result_json
+from sandloop.server.errors import ApiError, error_for
+from sandloop.server.models import LimitsIn
+from sandloop.server.providers import ProviderEndpoints
+from sandloop.server.quota import RateWindow
+from sandloop.server.tokens import Token, TokenStore
+
+if TYPE_CHECKING:
+    from sandloop.root import Sandloop
+    from sandloop.sessions import Session, SessionRecord
+
+#: The defaults a caller gets when it names no memory or timeout (clamped to its token's ceilings).
+DEFAULT_MEMORY, DEFAULT_TIMEOUT = "256m", 30.0
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.runs: collections.Counter[str] = collections.Counter()
+        self.seconds_sum = 0.0
+        self.rejections: collections.Counter[str] = collections.Counter()
+
+    def run(self, outcome: str, seconds: float) -> None:
+        with self._lock:
+            self.runs[outcome] += 1
+            self.seconds_sum += seconds
+
+    def reject(self, code: str) -> None:
+        with self._lock:
+            self.rejections[code] += 1
+
+
+_bearer = HTTPBearer(auto_error=False, description="A token from `sandloop tokens create NAME`.")
+
+
+def auth(request: Request, _: Annotated[Any, Security(_bearer)] = None) -> Token:
+    """The token ``RequestGuard`` verified (before the body was read); declared for OpenAPI."""
+    token = request.scope.get("state", {}).get("token")
+    if token is None:  # RequestGuard authenticates every protected path; this is a backstop
+        raise ApiError(401, "unauthorized", "send Authorization: Bearer <token>")
+    assert isinstance(token, Token)
+    return token
+
+
+Auth = Annotated[Token, Depends(auth)]
+
+
+@dataclass
+class Api:
+    root: "Sandloop"
+    tokens: TokenStore
+    endpoints: ProviderEndpoints
+    metrics: Metrics = field(default_factory=Metrics)
+    rates: RateWindow = field(default_factory=RateWindow)
+    #: One session check-and-create at a time, so two cannot both fit under a ceiling.
+    session_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- what a token may ask for ---------------------------------------------------------------
+    @staticmethod
+    def clamp_timeout(token: Token, timeout: float | None) -> float:
+        if timeout is None:
+            return min(DEFAULT_TIMEOUT, token.max_timeout)
+        if timeout > token.max_timeout:
+            raise ApiError(403, "over_token_limit", f"this token may ask for at most {token.max_timeout:g} s")
+        return timeout
+
+    @staticmethod
+    def limits_for(token: Token, wanted: LimitsIn) -> SandboxLimits:
+        ceiling = parse_size(token.max_memory)
+        if wanted.memory is None:
+            memory: str | int = min(parse_size(DEFAULT_MEMORY), ceiling)
+        else:
+            try:
+                memory = parse_size(wanted.memory)
+            except ValueError as exc:
+                raise ApiError(400, "invalid_argument", str(exc)) from None
+            if memory > ceiling:
+                raise ApiError(403, "over_token_limit", f"this token may ask for at most {token.max_memory} of memory")
+        return SandboxLimits(memory=memory, cpus=wanted.cpus, pids=wanted.pids, runtime=wanted.runtime)
+
+    # -- sessions a token owns -----------------------------------------------------------------
+    def owned(self, token: Token, session_id: str) -> "Session":
+        if self.tokens.owner_of(session_id) != token.id:  # someone else's and nonexistent look the same
+            raise ApiError(404, "not_found", f"no session {session_id}")
+        return self.root.attach_session(session_id)
+
+    def with_session(self, token: Token, session_id: str, call: Callable[["Session"], Any]) -> Any:
+        """``call(session)`` on one of the token's sessions, counted against its rate (each
+        operation starts or uses a sandbox)."""
+        with self.rates.use(token), self.owned(token, session_id) as s:  # attached: `with` only detaches
+            return call(s)
+
+    def live_sessions(self, token: Token) -> list["SessionRecord"]:
+        mine = self.tokens.sessions_of(token.id)
+        return [r for r in self.root.list_sessions() if r.id in mine]
+
+    # -- answers ---------------------------------------------------------------------------------
+    def count(self, result: Any) -> dict[str, Any]:
+        self.metrics.run("timeout" if result.timed_out else "ok" if result.ok else "error", result.duration_seconds)
+        return result_json(result)
+
+    @staticmethod
+    def sse_from_thread(work: Any, release: Any) -> StreamingResponse:
+        """Run ``work(emit)`` in a worker thread and stream each ``emit(kind, data)`` as a
+        server-sent event; ``release()`` runs when the work ends, whatever happened."""
+        import asyncio
+        import json
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
+
+        def emit(kind: str, data: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, data))
+
+        def run() -> None:
+            try:
+                work(emit)
+            except SandboxError as exc:
+                emit("error", {"code": error_for(exc).code, "message": str(exc)})
+            except Exception as exc:  # noqa: BLE001 - reported to the client, not raised into the server
+                emit("error", {"code": "internal", "message": f"{type(exc).__name__}: {exc}"})
+            finally:
+                release()
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        async def stream() -> AsyncIterator[str]:
+            worker = asyncio.ensure_future(run_in_threadpool(run))
+            try:
+                while (item := await queue.get()) is not None:
+                    kind, data = item
+                    yield f"event: {kind}\ndata: {json.dumps(data, default=str)}\n\n"
+            finally:
+                await worker
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

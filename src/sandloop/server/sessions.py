@@ -1,0 +1,117 @@
+"""Routes: sessions, their files and archives, each scoped to the calling token."""
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from sandloop.contract import parse_size
+from sandloop.server.context import Api, Auth
+from sandloop.server.errors import ApiError
+from sandloop.server.models import CellIn, SessionIn, SessionRunIn
+from sandloop.server.quota import check_session_room
+
+
+def session_json(record: Any) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "created": record.created,
+        "last_used": record.last_used,
+        "ttl_seconds": record.ttl_seconds,
+        "quota_bytes": record.quota_bytes,
+        "quota_enforced": record.quota_enforced,
+        "limits": record.limits,
+    }
+
+
+def session_routes(api: Api) -> APIRouter:
+    router = APIRouter()
+    root, store, rates, session_lock = api.root, api.tokens, api.rates, api.session_lock
+    limits_for, clamp_timeout, count = api.limits_for, api.clamp_timeout, api.count
+    owned, with_session, live_sessions = api.owned, api.with_session, api.live_sessions
+
+    @router.post("/v1/sessions", status_code=201)
+    def create_session(body: SessionIn, token: Auth) -> dict[str, Any]:
+        limits = limits_for(token, body.limits)
+        try:
+            quota = parse_size(body.quota)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_argument", str(exc)) from None
+        with rates.use(token), session_lock:  # one check-and-create at a time, so two cannot both fit
+            check_session_room(token, [r.quota_bytes for r in live_sessions(token)], quota)
+            s = root.create_session(limits, ttl=body.ttl_seconds, quota=body.quota)
+            store.own(s.id, token.id)
+            s.close()
+        return session_json(s.record)
+
+    @router.get("/v1/sessions")
+    def list_sessions(token: Auth) -> list[dict[str, Any]]:
+        return [session_json(r) for r in live_sessions(token)]
+
+    @router.get("/v1/sessions/{session_id}")
+    def get_session(session_id: str, token: Auth) -> dict[str, Any]:
+        with owned(token, session_id) as s:
+            return session_json(s.record)
+
+    @router.delete("/v1/sessions/{session_id}", status_code=204)
+    def delete_session(session_id: str, token: Auth) -> Response:
+        with rates.use(token):
+            owned(token, session_id).delete()
+        store.disown(session_id)
+        return Response(status_code=204)
+
+    @router.post("/v1/sessions/{session_id}/runs")
+    def session_run(session_id: str, body: SessionRunIn, token: Auth) -> dict[str, Any]:
+        timeout = clamp_timeout(token, body.timeout_seconds)
+        return count(
+            with_session(token, session_id, lambda s: s.run(body.code, body.language, timeout, stdin=body.stdin))
+        )
+
+    @router.post("/v1/sessions/{session_id}/cells")
+    def session_cell(session_id: str, body: CellIn, token: Auth) -> dict[str, Any]:
+        timeout = clamp_timeout(token, body.timeout_seconds)
+        return count(with_session(token, session_id, lambda s: s.run_cell(body.code, timeout)))
+
+    @router.get("/v1/sessions/{session_id}/files")
+    def list_files(session_id: str, token: Auth, path: str = ".") -> list[dict[str, Any]]:
+        entries: list[dict[str, Any]] = with_session(token, session_id, lambda s: s.list_files(path))
+        return entries
+
+    @router.get("/v1/sessions/{session_id}/files/{path:path}")
+    def get_file(session_id: str, path: str, token: Auth) -> Response:
+        data = with_session(token, session_id, lambda s: s.read_file(path))
+        return Response(data, media_type="application/octet-stream")
+
+    @router.put("/v1/sessions/{session_id}/files/{path:path}")
+    async def put_file(session_id: str, path: str, request: Request, token: Auth) -> dict[str, Any]:
+        data = await request.body()  # RequestGuard capped it at MAX_FILE_BYTES while it streamed in
+        size = await run_in_threadpool(with_session, token, session_id, lambda s: s.write_file(path, data))
+        return {"path": path, "size": size}
+
+    @router.post("/v1/sessions/{session_id}/archive")
+    async def upload_archive(session_id: str, request: Request, token: Auth, dest: str = ".") -> dict[str, Any]:
+        """Unpack a tar, tar.gz or zip (the body) into ``dest`` of the workspace. Links, members that
+        leave the workspace and archives that expand past the quota are refused; nothing is
+        written then."""
+        data = await request.body()  # capped by RequestGuard while it streamed in
+        return await run_in_threadpool(with_session, token, session_id, lambda s: s.upload(data, dest))
+
+    @router.get("/v1/sessions/{session_id}/archive")
+    def download_archive(session_id: str, token: Auth, path: str = ".") -> Response:
+        """A tar.gz of a file or directory of the workspace (symlinks left out)."""
+        data = with_session(token, session_id, lambda s: s.download(path))
+        name = (path.strip("/").rsplit("/", 1)[-1] or "workspace").replace('"', "")
+        if name == ".":
+            name = "workspace"
+        return Response(
+            data,
+            media_type="application/gzip",
+            headers={"Content-Disposition": f'attachment; filename="{name}.tar.gz"'},
+        )
+
+    @router.delete("/v1/sessions/{session_id}/files/{path:path}", status_code=204)
+    def delete_file(session_id: str, path: str, token: Auth) -> Response:
+        with_session(token, session_id, lambda s: s.delete_file(path))
+        return Response(status_code=204)
+
+    return router
