@@ -26,7 +26,7 @@ from pathlib import Path
 import docker
 
 from sandloop import SandboxLimits
-from sandloop.images import runtime_image
+from sandloop.settings import runtime_image
 from sandloop.pool import Dispatcher
 from sandloop.runner import build_request
 from sandloop.runtime.base import SandboxSpec

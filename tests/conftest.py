@@ -27,8 +27,8 @@ def _missing(reason: str) -> None:
 @functools.cache
 def engine_state() -> tuple[str | None, set[str]]:
     """(problem or None, registered runtimes)."""
-    from sandloop.images import runtime_image
     from sandloop.runtime.docker import DockerBackend
+    from sandloop.settings import runtime_image
 
     backend = DockerBackend()
     try:

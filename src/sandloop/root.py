@@ -17,6 +17,7 @@ or builds a backend.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 from sandloop.contract import ExecutionResult, SandboxLimits
 from sandloop.pool.dispatcher import Dispatcher
 from sandloop.pool.reaper import Reaped, reap
+from sandloop.requests import build_request
 from sandloop.runtime.base import BackendInfo, FullBackend
 from sandloop.sessions.store import SessionRecord, SessionStore
 from sandloop.settings import Settings
@@ -62,8 +64,6 @@ class Sandloop:
         on_output: Callable[[str, bytes], None] | None = None,
     ) -> ExecutionResult:
         """Run ``code`` once in a fresh, hardened, throwaway sandbox (see ``sandloop.run_code``)."""
-        from sandloop.runner import build_request
-
         request = build_request(
             code, language, timeout_seconds, limits=limits, stdin=stdin, on_output=on_output, image=self.image
         )
@@ -109,3 +109,47 @@ class Sandloop:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- the process-wide default, built on first use (``sandloop.run_code``, ``Session()``) ----------
+_lock = threading.Lock()
+_root: Sandloop | None = None
+
+
+def default_root() -> Sandloop:
+    """The process-wide ``Sandloop``, built on first use from ``SANDLOOP_*`` settings
+    (``SANDLOOP_POOL_SIZE=0`` disables the warm pool)."""
+    global _root
+    with _lock:
+        if _root is None:
+            _root = Sandloop()
+        return _root
+
+
+def default_dispatcher() -> Dispatcher:
+    return default_root().dispatcher
+
+
+def use_root(root: Sandloop | None) -> Sandloop | None:
+    """Make ``root`` the process-wide one without closing the previous, which is returned."""
+    global _root
+    with _lock:
+        old, _root = _root, root
+    return old
+
+
+def shutdown() -> None:
+    """Close the process-wide root, if any: its warm sandboxes are removed now rather than left
+    for the reaper. A long-running front end calls this when it stops."""
+    old = use_root(None)
+    if old is not None:
+        old.close()
+
+
+def configure(settings: Settings | None = None, backend: FullBackend | None = None) -> Sandloop:
+    """Replace the process-wide root (closing the old one): other settings or another backend."""
+    new = Sandloop(settings, backend=backend)
+    old = use_root(new)
+    if old is not None:
+        old.close()
+    return new

@@ -8,25 +8,17 @@ The backend is chosen by a discriminated union (``backend.type``), each member w
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sandloop.images.recipe_hash import default_runtime_image
+from sandloop.paths import default_home
+
 if TYPE_CHECKING:
     from sandloop.runtime.base import FullBackend
-
-
-def default_home() -> Path:
-    """Where sandloop keeps sessions and tokens: ``$SANDLOOP_HOME``, else /var/lib/sandloop as
-    root, else the user's data directory."""
-    if os.environ.get("SANDLOOP_HOME"):
-        return Path(os.environ["SANDLOOP_HOME"])
-    if os.geteuid() == 0:
-        return Path("/var/lib/sandloop")
-    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "sandloop"
 
 
 class DockerConfig(BaseModel):
@@ -92,10 +84,16 @@ class Settings(BaseSettings):
         return self.backend.build(self)
 
     def runtime_image(self) -> str:
-        from sandloop.images.recipe_hash import default_runtime_image
-
         return self.image or default_runtime_image()
 
 
 def load_settings() -> Settings:
     return Settings()
+
+
+def runtime_image() -> str:
+    """The runtime image the current settings name (``SANDLOOP_IMAGE``, else this recipe's)."""
+    return Settings().runtime_image()
+
+
+__all__ = ["BackendConfig", "DockerConfig", "FakeConfig", "Settings", "default_home", "runtime_image"]

@@ -53,8 +53,8 @@ def under(request: pytest.FixtureRequest, tmp_path):
         backend = FakeBackend(home=tmp_path)
         yield Under(backend, "runc", "sandloop-fake")
     else:
-        from sandloop.images import runtime_image
         from sandloop.runtime.docker import DockerBackend
+        from sandloop.settings import runtime_image
 
         problem, runtimes = engine_state()
         runtime = name.split("-", 1)[1]

@@ -13,12 +13,11 @@ import docker
 import pytest
 
 from sandloop import SandboxBusy, SandboxLimits
-from sandloop.images import runtime_image
 from sandloop.pool import Dispatcher, reap
 from sandloop.runner import build_request
 from sandloop.runtime.base import SandboxSpec
 from sandloop.runtime.docker import DockerBackend
-from sandloop.settings import Settings
+from sandloop.settings import Settings, runtime_image
 from tests.helpers import our_containers
 
 SPEC = SandboxSpec(runtime_image(), SandboxLimits())

@@ -5,6 +5,7 @@ import pytest
 from sandloop import InvalidArgument, UnknownLanguage, languages
 from sandloop.languages import Language
 from sandloop.runner import MAX_CODE_BYTES, build_request
+from sandloop.runtime.protocol import encode_run
 
 
 def test_builtins_and_aliases():
@@ -32,7 +33,7 @@ def test_register_a_new_language():
 
 def test_request_payload_frames_code_and_stdin():
     req = build_request("print(input())", "python", 5, stdin="hello\n")
-    payload = req.payload()
+    payload = encode_run(req)
     assert payload[:10] == b"SANDLOOP1 " and payload[18:19] == b"\n"
     n = int(payload[10:18])
     meta, rest = json.loads(payload[19 : 19 + n]), payload[19 + n :]

@@ -41,6 +41,6 @@ def images_build(
 @images_app.command("name")
 def images_name() -> None:
     """Print the runtime image name this version of sandloop expects."""
-    from sandloop.images import runtime_image
+    from sandloop.settings import runtime_image
 
     out.print(runtime_image())

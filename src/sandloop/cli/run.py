@@ -52,7 +52,8 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole result as JSON on stdout.")] = False,
 ) -> None:
     """Run a program in a fresh sandbox: `sandloop run hello.py`, `echo 'print(6*7)' | sandloop run`."""
-    from sandloop.runner import configure, run_code
+    from sandloop.root import configure
+    from sandloop.runner import run_code
     from sandloop.settings import Settings
 
     configure(Settings(pool_size=0))  # one run per process: a warm pool would only cost containers
@@ -76,7 +77,7 @@ def doctor(
 ) -> None:
     """Check the engine, the runtimes and the images, and say how to fix what is missing."""
     from sandloop.checks import healthy, run_checks
-    from sandloop.runner import default_root
+    from sandloop.root import default_root
 
     colour = {"ok": "green", "missing": "red", "off": "yellow", "failed": "red"}
     checks = run_checks(default_root(), smoke=smoke)
@@ -157,7 +158,7 @@ def reap(
 ) -> None:
     """Remove sandloop containers and volumes that expired or whose owner process is gone, and
     sessions idle past their TTL."""
-    from sandloop.runner import default_root
+    from sandloop.root import default_root
 
     try:
         report = default_root().reap(dry_run=dry_run)

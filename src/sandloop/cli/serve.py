@@ -61,7 +61,7 @@ def serve(
         endpoints = ProviderEndpoints(provider_url or [], official=official_providers)
     except EndpointConfigError as exc:
         raise _fail(f"--provider-url {exc}", 2) from None
-    from sandloop.runner import shutdown
+    from sandloop.root import shutdown
     from sandloop.server.lifecycle import at_shutdown
 
     _warn_if_exposed(host, "the HTTP API")
@@ -94,7 +94,7 @@ def mcp(
         limits = SandboxLimits(runtime=runtime, memory=memory)
     except SandboxError as exc:
         raise _fail(str(exc), 2) from None
-    from sandloop.runner import shutdown
+    from sandloop.root import shutdown
 
     try:
         if transport == "stdio":

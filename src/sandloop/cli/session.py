@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def _session(session_id: str) -> Session:
-    from sandloop.runner import configure
+    from sandloop.root import configure
     from sandloop.sessions import Session
     from sandloop.settings import Settings
 

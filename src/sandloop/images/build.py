@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandloop.contract import SandboxError
-from sandloop.images.recipe_hash import RECIPE_DIR, RUNTIME_FILES, SUITE, base_tag, runtime_image
+from sandloop.images.recipe_hash import RECIPE_DIR, RUNTIME_FILES, SUITE, base_tag
 from sandloop.runtime.docker import DockerBackend, DockerImages
 
 Progress = Callable[[str], None]
@@ -175,6 +175,8 @@ def build_runtime(
     """
     backend = backend or DockerBackend()
     images = DockerImages(backend)
+    from sandloop.settings import runtime_image
+
     image = runtime_image()
     if not force and images.exists(image):
         progress(f"runtime image {image} is up to date")

@@ -36,10 +36,3 @@ def base_tag() -> str:
 def default_runtime_image() -> str:
     """The runtime image this version's recipe builds."""
     return f"sandloop-runtime:{recipe_hash()}"
-
-
-def runtime_image() -> str:
-    """The runtime image the current settings name (``SANDLOOP_IMAGE``, else the recipe's)."""
-    from sandloop.settings import Settings
-
-    return Settings().runtime_image()

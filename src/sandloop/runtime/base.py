@@ -45,7 +45,7 @@ class SandboxSpec:
 
 @dataclass(frozen=True)
 class RunRequest:
-    """One run of code in a fresh sandbox. Validated by the caller (sandloop.runner)."""
+    """One run of code in a fresh sandbox. Validated by the caller (sandloop.requests)."""
 
     code: bytes
     language: Language
@@ -63,12 +63,6 @@ class RunRequest:
     @property
     def spec(self) -> SandboxSpec:
         return SandboxSpec(self.image, self.limits.for_container(), self.cwd, self.labels, self.volumes)
-
-    def payload(self, nonce: str = "") -> bytes:
-        """What the launcher reads on its stdin (see ``runtime/protocol.py``)."""
-        from sandloop.runtime.protocol import encode_run
-
-        return encode_run(self, nonce)
 
 
 @runtime_checkable

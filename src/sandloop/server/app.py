@@ -60,7 +60,7 @@ def create_app(
     """The API over a ``Sandloop`` (default: the process-wide one) and a token store.
     ``providers``: the endpoints agent runs may reach (default: the official ones only).
     ``metrics_access``: who may read ``/metrics``."""
-    from sandloop.runner import default_root
+    from sandloop.root import default_root
 
     root = sandloop or default_root()
     store = tokens or TokenStore(root.settings.home / "tokens.sqlite")

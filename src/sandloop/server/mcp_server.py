@@ -74,7 +74,7 @@ def create_mcp_server(
     """The tools over a ``Sandloop`` (default: the process-wide one). With ``tokens`` (the HTTP
     transport) every call must carry one of its tokens and is scoped and counted as over the HTTP
     API; without (stdio) the local user is trusted."""
-    from sandloop.runner import default_root
+    from sandloop.root import default_root
 
     root = sandloop or default_root()
     core_run = root.run_code

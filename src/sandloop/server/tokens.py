@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sandloop.contract import parse_size
-from sandloop.settings import default_home
+from sandloop.paths import default_home
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tokens (

@@ -39,6 +39,7 @@ from sandloop.contract import (
     WorkspaceFull,
     parse_size,
 )
+from sandloop.requests import build_request, check_timeout
 from sandloop.runtime.base import SandboxSpec
 from sandloop.runtime.labels import LABEL_PREFIX
 from sandloop.sessions.kernel import Kernel, lock_file
@@ -83,7 +84,7 @@ class Session:
         root: Sandloop | None = None,
         _record: SessionRecord | None = None,
     ) -> None:
-        from sandloop.runner import default_root
+        from sandloop.root import default_root
 
         created_here = _record is None
         self._root = root or default_root()
@@ -143,7 +144,7 @@ class Session:
     @classmethod
     def attach(cls, session_id: str, *, root: Sandloop | None = None) -> Session:
         """Reattach to a live session by id (from any process on this host)."""
-        from sandloop.runner import default_root
+        from sandloop.root import default_root
 
         root = root or default_root()
         record = root.sessions.load(session_id)
@@ -153,7 +154,7 @@ class Session:
 
     @classmethod
     def list(cls, *, root: Sandloop | None = None) -> list[SessionRecord]:
-        from sandloop.runner import default_root
+        from sandloop.root import default_root
 
         return (root or default_root()).sessions.list()
 
@@ -197,8 +198,6 @@ class Session:
     ) -> ExecutionResult:
         """Run code in a fresh process with the workspace as its working directory."""
         self._live()
-        from sandloop.runner import build_request
-
         request = build_request(
             code, language, timeout_seconds, limits=limits or self.limits, stdin=stdin, image=self._record.image
         )
@@ -209,8 +208,6 @@ class Session:
     def run_cell(self, code: str, timeout_seconds: float = 30) -> CellResult:
         """Run a cell in the session's Python interpreter: globals persist between cells."""
         self._live()
-        from sandloop.runner import check_timeout
-
         if not isinstance(code, str):
             raise InvalidArgument("a cell must be a string of Python")
         return self._kernel.run(code, check_timeout(timeout_seconds), self.limits)
@@ -218,8 +215,6 @@ class Session:
     # -- files ----------------------------------------------------------------------------------
     def _files(self, op: str, args: dict[str, Any], data: bytes = b"", output: int = 1024 * 1024) -> dict[str, Any]:
         self._live()
-        from sandloop.runner import build_request
-
         header = json.dumps({"op": op, **args}).encode() + b"\n"
         limits = self.limits.model_copy(update={"output_limit": output})
         spec = self._spec()

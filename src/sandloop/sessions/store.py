@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sandloop.contract import SessionNotFound
+from sandloop.paths import default_home
 from sandloop.runtime.base import Housekeeping, WorkspaceRef, Workspaces
 from sandloop.runtime.labels import SESSION_LABEL
-from sandloop.settings import default_home
 
 WORKSPACE = "/workspace"
 __all__ = ["SESSION_LABEL", "WORKSPACE", "SessionRecord", "SessionStore"]

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from sandloop.contract import CellResult, ExecutionResult, SandboxError, SandboxLimits
 from sandloop.images.recipe_hash import RECIPE_DIR
+from sandloop.paths import default_home
 from sandloop.runtime import protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL, owner_labels
@@ -95,8 +96,6 @@ class FakeBackend:
     name = "fake"
 
     def __init__(self, home: Path | None = None, *, python: str = sys.executable) -> None:
-        from sandloop.settings import default_home
-
         self.root = (home or default_home()) / "fake"
         self.root.mkdir(parents=True, exist_ok=True)
         self.python = python

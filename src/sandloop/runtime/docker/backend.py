@@ -21,6 +21,7 @@ from typing import Any
 import docker
 import docker.errors
 from sandloop.contract import CellResult, ExecutionResult, SandboxError, SandboxLimits
+from sandloop.paths import default_home
 from sandloop.runtime import protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.docker.errors import engine_errors
@@ -63,8 +64,6 @@ class DockerBackend:
     name = "docker"
 
     def __init__(self, base_url: str | None = None, *, call_timeout: float = 30.0, home: Path | None = None) -> None:
-        from sandloop.settings import default_home
-
         self._base_url = base_url
         self._call_timeout = call_timeout
         self._api: docker.APIClient | None = None

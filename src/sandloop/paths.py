@@ -1,0 +1,16 @@
+"""Where sandloop keeps its state on this host (sessions' records and workspaces, tokens)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def default_home() -> Path:
+    """``$SANDLOOP_HOME``, else /var/lib/sandloop as root, else the user's data directory. Read
+    by ``Settings`` (``home``) and by a backend built without one."""
+    if os.environ.get("SANDLOOP_HOME"):
+        return Path(os.environ["SANDLOOP_HOME"])
+    if os.geteuid() == 0:
+        return Path("/var/lib/sandloop")
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "sandloop"
