@@ -49,8 +49,9 @@ class Metrics:
 _bearer = HTTPBearer(auto_error=False, description="A token from `sandloop tokens create NAME`.")
 
 
-def auth(request: Request, _: Annotated[Any, Security(_bearer)] = None) -> Token:
-    """The token ``RequestGuard`` verified (before the body was read); declared for OpenAPI."""
+async def auth(request: Request, _: Annotated[Any, Security(_bearer)] = None) -> Token:
+    """The token ``RequestGuard`` verified (before the body was read); declared for OpenAPI.
+    Async: a sync dependency would take a worker thread per request just to read the scope."""
     token = request.scope.get("state", {}).get("token")
     if token is None:  # RequestGuard authenticates every protected path; this is a backstop
         raise ApiError(401, "unauthorized", "send Authorization: Bearer <token>")
