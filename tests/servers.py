@@ -80,3 +80,15 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def sse_events(response) -> Iterator[tuple[str | None, dict]]:
+    """``(event, data)`` of a server-sent-events response, as each arrives."""
+    import json
+
+    kind = None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            yield kind, json.loads(line[6:])

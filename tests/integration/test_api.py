@@ -20,7 +20,7 @@ from sandloop.server.app import create_app
 from sandloop.server.providers import ProviderEndpoints
 from sandloop.server.tokens import TokenStore
 from tests.helpers import our_containers
-from tests.servers import serve_in_thread
+from tests.servers import serve_in_thread, sse_events
 
 
 def _free_port() -> int:
@@ -240,12 +240,7 @@ def test_agent_run_streams_its_transcript_as_sse(server, alice):
             client.stream("POST", "/v1/agent/runs", json=body) as r,
         ):
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-            kind = None
-            for line in r.iter_lines():
-                if line.startswith("event: "):
-                    kind = line[7:]
-                elif line.startswith("data: "):
-                    events.append((kind, _json.loads(line[6:])))
+            events += sse_events(r)
     kinds = [k for k, _ in events]
     assert kinds == ["assistant", "tool_call", "tool_result", "assistant", "done"], kinds
     assert events[2][1]["call_id"] == "call_1" and "1024" in events[2][1]["content"]
@@ -335,7 +330,6 @@ def test_errors_get_their_status_from_the_code_not_the_message(alice):
 
 
 def test_a_run_streams_its_output_as_it_comes(alice):
-    import json as _json
 
     code = (
         "import sys, time\nfor i in range(3):\n    print(i, flush=True); time.sleep(0.3)\nprint('é', file=sys.stderr)"
@@ -343,13 +337,9 @@ def test_a_run_streams_its_output_as_it_comes(alice):
     events, arrival = [], []
     with alice.stream("POST", "/v1/runs", json={"code": code, "stream": True}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        kind = None
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                kind = line[7:]
-            elif line.startswith("data: "):
-                events.append((kind, _json.loads(line[6:])))
-                arrival.append(time.monotonic())
+        for event in sse_events(r):
+            events.append(event)
+            arrival.append(time.monotonic())
     kinds = [k for k, _ in events]
     assert kinds[-1] == "result" and kinds.count("stdout") >= 2, kinds  # not one block at the end
     streamed = "".join(d["text"] for k, d in events if k == "stdout")

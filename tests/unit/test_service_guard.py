@@ -16,7 +16,7 @@ from sandloop.server.app import create_app
 from sandloop.server.providers import NO_KEY, EndpointConfigError, ProviderEndpoints, normalize_url, parse_endpoint
 from sandloop.server.tokens import TokenError, TokenStore
 from sandloop.testing.wire import FakeProviderServer, anthropic_text, openai_completion
-from tests.servers import rss_bytes, sandloop_process, serve_in_thread
+from tests.servers import rss_bytes, sandloop_process, serve_in_thread, sse_events
 
 SERVER_KEYS = {"OPENAI_API_KEY": "sk-server-openai-SECRET", "ANTHROPIC_API_KEY": "sk-ant-server-SECRET"}
 
@@ -32,22 +32,12 @@ def server_keys(monkeypatch):
         monkeypatch.setenv(name, value)
 
 
-def _sse(response: httpx.Response) -> list[tuple[str, dict]]:
-    events, kind = [], None
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            kind = line[7:]
-        elif line.startswith("data: "):
-            events.append((kind, json.loads(line[6:])))
-    return events
-
-
 def _agent(client: httpx.Client, **body) -> tuple[int, object]:
     with client.stream("POST", "/v1/agent/runs", json={"task": "say hi", **body}) as r:
         if r.status_code != 200:
             r.read()
             return r.status_code, r.json()
-        return 200, _sse(r)
+        return 200, list(sse_events(r))
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

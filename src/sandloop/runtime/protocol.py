@@ -273,13 +273,17 @@ def cell_result(
     *,
     limits: SandboxLimits,
     timeout_seconds: float,
-    exit_code: int,
     timed_out: bool,
     oom_killed: bool,
     interpreter_restarted: bool,
     started: float,
 ) -> CellResult:
-    """A cell's result; its value and charts come from the stdout end line's payload."""
+    """A cell's result; its value and charts come from the stdout end line's payload. The exit
+    code: -1 when interrupted for time, else the status the interpreter reported, else 137 for an
+    OOM kill, else 1 (it died without saying)."""
+    collector.flush()
+    status = collector.exit_status
+    exit_code = -1 if timed_out else status if status is not None else 137 if oom_killed else 1
     value, omitted, artifacts = None, 0, []
     if collector.exit_status is not None and collector.payload:
         reply = json.loads(base64.b64decode(collector.payload))

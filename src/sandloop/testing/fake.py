@@ -226,13 +226,10 @@ class FakeBackend:
             grace=grace,
             interrupt=lambda: kernel.proc.send_signal(signal.SIGINT),
         )
-        collector.flush()
-        status = collector.exit_status
         return protocol.cell_result(
             collector,
             limits=limits,
             timeout_seconds=interrupt_after,
-            exit_code=-1 if timed_out else status if status is not None else 1,
             timed_out=timed_out,
             oom_killed=False,
             interpreter_restarted=gone,

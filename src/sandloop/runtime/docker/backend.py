@@ -225,13 +225,10 @@ class DockerBackend:
         if gone and not timed_out:
             with contextlib.suppress(Exception):
                 oom = bool(self.api.inspect_container(kernel.id).get("State", {}).get("OOMKilled"))
-        collector.flush()
-        status = collector.exit_status
         return protocol.cell_result(
             collector,
             limits=limits,
             timeout_seconds=interrupt_after,
-            exit_code=-1 if timed_out else status if status is not None else 137 if oom else 1,
             timed_out=timed_out,
             oom_killed=oom,
             interpreter_restarted=gone,
