@@ -5,10 +5,14 @@ left behind, the next run works)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from sandloop import SandboxLimits, run_code
+from sandloop.root import default_root
+from sandloop.runtime.docker import DockerBackend
+from sandloop.settings import runtime_image
 from tests.helpers import ONLY_LOOPBACK_GUARD, our_containers
 
 
@@ -71,6 +75,20 @@ def test_memory_hogs_are_killed_at_the_ceiling(lim, language, code):
     assert not r.timed_out and r.exit_code in (137, 134, 1) and not r.ok
     if language == "python":
         assert r.exit_code == 137 and r.oom_killed
+
+
+def test_a_memory_hog_is_oom_killed_even_when_the_host_page_cache_was_cold(lim):
+    # A sandbox that is the first to read its interpreter is charged for those pages: at its
+    # ceiling the kernel evicts the interpreter's own code and the process thrashes until the
+    # timeout (seen in CI: 60 s, then timed out). The backend reads the image's programs from the
+    # host first, so those pages are the host's; dropping the cache and prefetching again must
+    # bring back a prompt OOM kill.
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    backend = default_root().backend
+    assert isinstance(backend, DockerBackend)
+    backend.prefetch_image(runtime_image(), wait=True, force=True)
+    r = _run("const a = []; while (true) { a.push(Buffer.alloc(8 << 20, 1)); }", lim, "node", timeout=60)
+    assert not r.timed_out and r.exit_code == 137 and r.duration_seconds < 20, r
 
 
 def test_inode_exhaustion_in_tmp_is_contained(lim):

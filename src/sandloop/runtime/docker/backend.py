@@ -22,7 +22,7 @@ import docker
 import docker.errors
 from sandloop.contract import CellResult, ExecutionResult, SandboxError, SandboxLimits
 from sandloop.paths import default_home
-from sandloop.runtime import protocol
+from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.docker.errors import engine_errors
 from sandloop.runtime.docker.hardening import container_config
@@ -126,6 +126,21 @@ class DockerBackend:
                 return False
             return True
 
+    def prefetch_image(self, image: str, *, wait: bool = False, force: bool = False) -> None:
+        """Read the image's programs and libraries into the page cache from the host, once in a
+        while per process (see ``runtime/pagecache.py``: otherwise a memory hog can thrash on its own code
+        until the timeout instead of being OOM-killed). Only where the engine's storage is local."""
+
+        def layer_dirs() -> list[Path]:
+            data = self.api.inspect_image(image).get("GraphDriver") or {}
+            if data.get("Name") not in ("overlay2", "overlay"):
+                return []
+            fields = data.get("Data") or {}
+            dirs = [*(fields.get("LowerDir") or "").split(":"), fields.get("UpperDir") or ""]
+            return [Path(d) for d in dirs if d and Path(d).is_dir()]
+
+        pagecache.prefetch_once(f"docker:{image}", layer_dirs, wait=wait, force=force)
+
     # -- one run -----------------------------------------------------------------------------
     def run(self, request: RunRequest) -> ExecutionResult:
         """Cold path: launch a sandbox for this request, run it, destroy it (always)."""
@@ -141,6 +156,7 @@ class DockerBackend:
     def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> LiveSandbox:
         """Create, attach to and start a sandbox whose launcher then waits for a program."""
         api = self.api
+        self.prefetch_image(spec.image)
         container_id: str | None = None
         attached: Any = None
         try:
