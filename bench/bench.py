@@ -26,13 +26,12 @@ from pathlib import Path
 import docker
 
 from sandloop import SandboxLimits
-from sandloop.settings import runtime_image
 from sandloop.pool import Dispatcher
 from sandloop.runner import build_request
 from sandloop.runtime.base import SandboxSpec
 from sandloop.runtime.docker import DockerBackend
 from sandloop.runtime.labels import owner_id
-from sandloop.settings import Settings
+from sandloop.settings import Settings, runtime_image
 
 PEER_IMAGE = "sandloop-bench-peer:latest"
 PRINT1 = "print(1)"

@@ -12,6 +12,23 @@ from sandloop.runtime.labels import owner_id
 OWNER = owner_id()
 
 
+#: Where the direct OCI backend keeps its bundles (settings' default).
+OCI_BUNDLES = "/run/sandloop/oci/bundles"
+
+
+def our_direct_sandboxes() -> list[str]:
+    """Bundles of direct (OCI backend) sandboxes this process owns."""
+    import json
+
+    found = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(OCI_BUNDLES):
+            with contextlib.suppress(OSError, ValueError), open(f"{OCI_BUNDLES}/{name}/config.json") as f:
+                if json.load(f).get("annotations", {}).get("sandloop.owner") == OWNER:
+                    found.append(name)
+    return found
+
+
 def our_containers(patience: float = 60.0) -> list:
     """Leftovers: containers this process created (by owner label), running or not, other than
     the warm sandboxes waiting in pools. Waits for pending and retried removals (an overloaded
@@ -32,6 +49,7 @@ def our_containers(patience: float = 60.0) -> list:
         finally:
             client.close()
         left = [c for c in found if c.id not in pooled]
+        left += [name for name in our_direct_sandboxes() if name not in pooled]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(1)
@@ -65,6 +83,7 @@ def _cpu_usage_file(container_id: str) -> str | None:
         f"/sys/fs/cgroup/cpu,cpuacct/docker/{container_id}/cpuacct.usage",
         f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/cpu.stat",  # v2 + systemd, usec
         f"/sys/fs/cgroup/docker/{container_id}/cpu.stat",  # v2 + cgroupfs
+        f"/sys/fs/cgroup/cpu,cpuacct/sandloop/{container_id}/cpuacct.usage",  # the direct OCI backend
     )
     return next((p for p in candidates if os.path.exists(p)), None)
 
@@ -92,8 +111,9 @@ def busiest_container_cpu_share(window: float = 2.0, patience: float = 60.0) -> 
 
         def snapshot() -> dict[str, float]:
             out = {}
-            for c in client.api.containers(filters={"label": f"sandloop.owner={OWNER}", "status": "running"}):
-                path = _cpu_usage_file(c["Id"])
+            running = client.api.containers(filters={"label": f"sandloop.owner={OWNER}", "status": "running"})
+            for container_id in [c["Id"] for c in running] + our_direct_sandboxes():
+                path = _cpu_usage_file(container_id)
                 if path is not None:
                     with contextlib.suppress(OSError, StopIteration, ValueError):
                         out[path] = _cpu_seconds(path)

@@ -2,7 +2,8 @@
 root (``sandloop.Sandloop``), never at import time.
 
 The backend is chosen by a discriminated union (``backend.type``), each member with a lazy
-``build()``: ``SANDLOOP_BACKEND=docker`` (default) or ``fake`` (the test double), or
+``build()``: ``SANDLOOP_BACKEND=docker`` (default), ``oci`` (runc started directly) or ``fake``
+(the test double), or
 ``SANDLOOP_BACKEND='{"type": "docker", "base_url": "tcp://..."}'``. A new backend adds a member.
 """
 
@@ -35,6 +36,27 @@ class DockerConfig(BaseModel):
         return DockerBackend(self.base_url, call_timeout=settings.engine_timeout, home=settings.home)
 
 
+class OCIConfig(BaseModel):
+    """Runs started by runc directly (no dockerd on their path), with Docker's own configuration;
+    sessions, ``network=True`` and anything without parity go to the Docker engine (see
+    docs/runtimes.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["oci"] = "oci"
+    base_url: str | None = Field(None, description="The Docker engine's URL (images, templates, sessions).")
+    store: Path = Field(Path("/var/lib/sandloop/oci"), description="Exported root file systems and config templates.")
+    state: Path = Field(Path("/run/sandloop/oci"), description="Bundles and the runtime's state (a tmpfs).")
+    fallback: bool = Field(True, description="Run through Docker what cannot run directly (else refuse).")
+
+    def build(self, settings: Settings) -> FullBackend:
+        from sandloop.runtime.docker import DockerBackend
+        from sandloop.runtime.oci import OCIBackend
+
+        docker = DockerBackend(self.base_url, call_timeout=settings.engine_timeout, home=settings.home)
+        return OCIBackend(docker, store=self.store, state=self.state, fallback=self.fallback)
+
+
 class FakeConfig(BaseModel):
     """The test double: the launcher protocol against local subprocesses. No isolation at all."""
 
@@ -48,7 +70,7 @@ class FakeConfig(BaseModel):
         return FakeBackend(home=settings.home)
 
 
-BackendConfig = Annotated[DockerConfig | FakeConfig, Field(discriminator="type")]
+BackendConfig = Annotated[DockerConfig | OCIConfig | FakeConfig, Field(discriminator="type")]
 
 
 class Settings(BaseSettings):
@@ -96,4 +118,4 @@ def runtime_image() -> str:
     return Settings().runtime_image()
 
 
-__all__ = ["BackendConfig", "DockerConfig", "FakeConfig", "Settings", "default_home", "runtime_image"]
+__all__ = ["BackendConfig", "DockerConfig", "FakeConfig", "OCIConfig", "Settings", "default_home", "runtime_image"]

@@ -1,5 +1,5 @@
 """Every backend, one suite: ``backend`` runs each test on Docker with runc, Docker with runsc,
-and the test double. A new backend joins by adding a parameter here."""
+runc started directly (the OCI backend), and the test double. A new backend joins by adding a parameter here."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from tests.conftest import _missing, engine_state
 PARAMS = [
     pytest.param("docker-runc", marks=pytest.mark.docker),
     pytest.param("docker-runsc", marks=[pytest.mark.docker, pytest.mark.runsc]),
+    pytest.param("oci-runc", marks=pytest.mark.docker),
     pytest.param("fake"),
 ]
 
@@ -63,5 +64,10 @@ def under(request: pytest.FixtureRequest, tmp_path):
         if runtime not in runtimes:
             _missing(f"the engine has no {runtime} runtime (scripts/engine-up.sh registers gVisor)")
         backend = DockerBackend(home=tmp_path)
+        if name.startswith("oci-"):
+            from sandloop.runtime.oci import OCIBackend
+
+            backend = OCIBackend(backend)
+            assert backend.host_problem() is None, backend.host_problem()
         yield Under(backend, runtime, runtime_image())
     backend.close()

@@ -35,6 +35,9 @@ class ExecutionResult(BaseModel):
     language: str = "python"
     timeout_seconds: float = 30.0
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    backend: str | None = Field(
+        None, description="What started the sandbox: 'docker', 'oci' (runc started directly) or 'fake'."
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property

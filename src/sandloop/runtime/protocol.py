@@ -254,6 +254,7 @@ def execution_result(
     timed_out: bool,
     oom_killed: bool,
     started: float,
+    backend: str | None = None,
 ) -> ExecutionResult:
     out, err = collector.stdout, collector.stderr
     return ExecutionResult(
@@ -265,6 +266,7 @@ def execution_result(
         language=request.language.name,
         timeout_seconds=request.timeout_seconds,
         limits=request.limits,
+        backend=backend,
     )
 
 

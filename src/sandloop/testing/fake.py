@@ -195,7 +195,13 @@ class FakeBackend:
                 rc = -signal.SIGKILL
             exit_code = 128 - rc if rc < 0 else rc
         return protocol.execution_result(
-            request, collector, exit_code=exit_code, timed_out=not finished, oom_killed=False, started=started
+            request,
+            collector,
+            exit_code=exit_code,
+            timed_out=not finished,
+            oom_killed=False,
+            started=started,
+            backend="fake",
         )
 
     @staticmethod

@@ -219,7 +219,13 @@ class DockerBackend:
                     self.api.kill(sandbox.id)
                 exit_code, oom_killed = -1, False
         return protocol.execution_result(
-            request, collector, exit_code=exit_code, timed_out=not finished, oom_killed=oom_killed, started=started
+            request,
+            collector,
+            exit_code=exit_code,
+            timed_out=not finished,
+            oom_killed=oom_killed,
+            started=started,
+            backend=self.name,
         )
 
     # -- a session's interpreter ---------------------------------------------------------------

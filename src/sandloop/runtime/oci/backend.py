@@ -1,0 +1,551 @@
+"""``OCIBackend``: single-use runs started by runc directly, without dockerd on their path.
+
+A run: render Docker's own config for the spec into a fresh bundle, ``runc run --keep`` it as our
+child with the launcher's stdin/stdout/stderr on pipes (the launcher then waits for its program,
+exactly as under Docker), speak the launcher protocol over the pipes, take the exit status from
+the launcher's end line (or runc's exit code), read the cgroup's ``oom_kill`` counter before the
+state is deleted, and tear down (kill, ``runc delete``, remove the bundle) on a background thread.
+
+Who reaps: each ``runc run`` is our child (``subprocess`` waits for it); the container's own
+processes are reaped by tini, its PID 1. If this process dies, the launchers see EOF on stdin and
+exit; the stopped states and bundles keep their annotations (the labels), so the reaper finds and
+removes them by owner like Docker's containers.
+
+What goes to Docker instead (``DockerBackend``, the same limits): sessions (workspaces and
+interpreters), ``network=True``, runtimes this backend does not start directly, and every run on
+a host where parity with Docker cannot be established (not root, another cgroup mode or driver,
+a config with hooks, AppArmor or SELinux). ``info()`` and ``sandloop doctor`` say which.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sandloop.contract import CellResult, ExecutionResult, SandboxError, SandboxLimits
+from sandloop.runtime import protocol
+from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
+from sandloop.runtime.docker import DockerBackend, LiveSandbox
+from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
+from sandloop.runtime.oci.config import Templates, docker_bundle_config, parity_problems, render
+from sandloop.runtime.oci.store import RootfsStore
+from sandloop.runtime.oci.stream import PipeChannel
+
+log = logging.getLogger(__name__)
+
+RUNTIME_LABEL = f"{LABEL_PREFIX}oci.runtime"
+#: The runtimes this backend starts itself (others go to Docker).
+DIRECT_RUNTIMES = ("runc",)
+#: Where the direct sandboxes' cgroups go (Docker's go under /docker).
+CGROUP_PARENT = "sandloop"
+_INLINE_PAYLOAD = 64 * 1024
+
+
+@dataclass(eq=False)
+class DirectSandbox:
+    id: str
+    proc: subprocess.Popen[bytes]
+    channel: PipeChannel
+    stdin_fd: int
+    spec: SandboxSpec
+    started_at: float
+    runtime: str
+    bundle: Path
+    used: bool = False
+    destroyed: bool = False
+    writer: threading.Thread | None = None
+    #: A collector a kernel would carry (unused: sessions run on Docker); kept for symmetry.
+    collector: protocol.Collector | None = None
+
+
+def _cgroup_dirs(sandbox_id: str) -> list[Path]:
+    base = Path("/sys/fs/cgroup")
+    if not base.is_dir():
+        return []
+    return [p for p in (c / CGROUP_PARENT / sandbox_id for c in base.iterdir()) if p.is_dir()]
+
+
+def _oom_kills(sandbox_id: str) -> int:
+    try:
+        text = Path(f"/sys/fs/cgroup/memory/{CGROUP_PARENT}/{sandbox_id}/memory.oom_control").read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
+
+
+class OCIBackend:
+    """Runs through runc directly where Docker parity holds; everything else through Docker."""
+
+    name = "oci"
+
+    def __init__(
+        self,
+        docker: DockerBackend,
+        *,
+        store: Path = Path("/var/lib/sandloop/oci"),
+        state: Path = Path("/run/sandloop/oci"),
+        fallback: bool = True,
+        teardown_threads: int = 2,
+    ) -> None:
+        self.docker = docker
+        self.workspaces = docker.workspaces
+        self.state = state
+        self.fallback = fallback
+        self.store = RootfsStore(store / "images", lambda: self.docker.api)
+        self.templates = Templates(store / "templates", self._capture, self._salt)
+        self._problem: str | None = None
+        self._checked = False
+        self._check_lock = threading.Lock()
+        self._runtimes: dict[str, list[str]] = {}
+        self._spec_problems: dict[SandboxSpec, str] = {}
+        self._teardowns: queue.Queue[DirectSandbox | None] = queue.Queue()
+        self._pending = 0
+        self._pending_lock = threading.Condition()
+        #: Sandboxes handed to a teardown thread: no longer ``owned()`` (ours to remove, not the
+        #: reaper's; if this process dies first, their bundles are listed again).
+        self._dying: set[str] = set()
+        self._workers = [
+            threading.Thread(target=self._teardown_loop, name="sandloop-oci-teardown", daemon=True)
+            for _ in range(teardown_threads)
+        ]
+        for worker in self._workers:
+            worker.start()
+
+    # -- parity ------------------------------------------------------------------------------
+    def host_problem(self) -> str | None:
+        """Why this host cannot start sandboxes directly with Docker's parity (None: it can)."""
+        with self._check_lock:
+            if not self._checked:
+                self._problem = self._check_host()
+                self._checked = True
+                if self._problem:
+                    log.warning("direct OCI runs are off: %s", self._problem)
+            return self._problem
+
+    def _check_host(self) -> str | None:
+        if os.geteuid() != 0:
+            return "the direct backend needs root (it starts runc itself)"
+        raw = self.docker.engine_info()
+        if str(raw.get("CgroupVersion")) != "1" or raw.get("CgroupDriver") != "cgroupfs":
+            return (
+                f"only cgroup v1 with the cgroupfs driver is verified (this engine: "
+                f"v{raw.get('CgroupVersion')} {raw.get('CgroupDriver')})"
+            )
+        if (raw.get("SecurityOptions") or []) and any(
+            "apparmor" in o or "selinux" in o for o in raw["SecurityOptions"]
+        ):
+            return "the engine applies AppArmor or SELinux profiles, which the direct backend does not load"
+        for name, entry in (raw.get("Runtimes") or {}).items():
+            if name in DIRECT_RUNTIMES:
+                path = shutil.which(entry.get("path") or name)
+                if path:
+                    self._runtimes[name] = [path, *(entry.get("runtimeArgs") or [])]
+        if not self._runtimes:
+            return f"none of {', '.join(DIRECT_RUNTIMES)} is registered with the engine and installed"
+        return None
+
+    def _salt(self) -> str:
+        raw = self.docker.engine_info()
+        seccomp = resources.files("sandloop.runtime.docker").joinpath("seccomp.json").read_bytes()
+        from sandloop import __version__
+
+        return json.dumps(
+            [raw.get("ServerVersion"), raw.get("Runtimes"), __version__, hashlib.sha256(seccomp).hexdigest()],
+            sort_keys=True,
+        )
+
+    def _capture(self, spec: SandboxSpec) -> dict[str, Any]:
+        """Docker's config for ``spec``, read from the bundle of a container Docker started."""
+        sandbox = self.docker.launch(spec, purpose="template", lifetime_seconds=30)
+        try:
+            found = docker_bundle_config(sandbox.id)
+        finally:
+            self.docker.destroy(sandbox)
+        if found is None:
+            raise SandboxError("could not find the bundle Docker handed its runtime (containerd's state directory)")
+        return found
+
+    def why_not_direct(self, spec: SandboxSpec) -> str | None:
+        """None when this spec runs directly; else why it goes to Docker."""
+        problem = self.host_problem()
+        if problem:
+            return problem
+        if spec.limits.runtime not in self._runtimes:
+            return f"runtime {spec.limits.runtime} runs through Docker"
+        if spec.limits.network:
+            return "network=True runs through Docker"
+        if spec.volumes or spec.command:
+            return "sessions run through Docker"
+        key = replace(spec, labels=())
+        if key not in self._spec_problems:
+            self._spec_problems[key] = "; ".join(parity_problems(self.templates.get(spec)))
+        return self._spec_problems[key] or None
+
+    def _direct(self, spec: SandboxSpec) -> bool:
+        why = self.why_not_direct(spec)
+        if why is None:
+            return True
+        if not self.fallback and not (spec.volumes or spec.command or spec.limits.network):
+            raise SandboxError(f"the direct OCI backend cannot run this: {why} (set fallback to use Docker)")
+        return False
+
+    # -- engine-level ------------------------------------------------------------------------
+    def info(self) -> BackendInfo:
+        inner = self.docker.info()
+        problem = self.host_problem()
+        direct = "off: " + problem if problem else ", ".join(sorted(self._runtimes))
+        return BackendInfo(
+            name=self.name,
+            version=inner.version,
+            runtimes=inner.runtimes,
+            quotas_enforced=inner.quotas_enforced,
+            isolated=True,
+            min_memory_bytes=inner.min_memory_bytes,
+            details={
+                **inner.details,
+                "direct runs": direct,
+                "through Docker": "sessions, network=True, " + "other runtimes" if not problem else "everything",
+            },
+        )
+
+    def has_image(self, image: str) -> bool:
+        return self.docker.has_image(image)
+
+    def close(self) -> None:
+        self.drain(30)
+        for _ in self._workers:
+            self._teardowns.put(None)
+        self.docker.close()
+
+    # -- one run -----------------------------------------------------------------------------
+    def run(self, request: RunRequest) -> ExecutionResult:
+        started = time.monotonic()
+        sandbox: DirectSandbox | LiveSandbox | None = None
+        try:
+            sandbox = self.launch(request.spec, purpose="run", lifetime_seconds=request.timeout_seconds)
+            return self.execute(sandbox, request, started=started)
+        finally:
+            if sandbox is not None:
+                self.destroy(sandbox)
+
+    def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> DirectSandbox | LiveSandbox:
+        if not self._direct(spec):
+            return self.docker.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
+        self.docker.prefetch_image(spec.image)
+        rootfs = self.store.rootfs(spec.image)
+        template = self.templates.get(spec)
+        runtime = spec.limits.runtime
+        sandbox_id = f"sandloop-{uuid.uuid4().hex[:20]}"
+        labels = {**owner_labels(purpose, lifetime_seconds), **dict(spec.labels), RUNTIME_LABEL: runtime}
+        config = render(
+            template,
+            rootfs=rootfs,
+            hostname_file=self._hostname_file(),
+            cgroups_path=f"/{CGROUP_PARENT}/{sandbox_id}",
+            annotations=labels,
+        )
+        bundles = self.state / "bundles"
+        bundles.mkdir(parents=True, exist_ok=True)
+        tmp = bundles / f".{sandbox_id}"
+        tmp.mkdir(mode=0o700)
+        (tmp / "config.json").write_text(json.dumps(config))
+        bundle = bundles / sandbox_id
+        tmp.rename(bundle)
+        argv = [
+            *self._runtimes[runtime],
+            "--root",
+            str(self.state / "runtime" / runtime),
+            "--log",
+            str(bundle / "runtime.log"),
+            "--log-format",
+            "json",
+            "run",
+            "--keep",
+            "--bundle",
+            str(bundle),
+            "--pid-file",
+            str(bundle / "pid"),
+            sandbox_id,
+        ]
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            proc = subprocess.Popen(argv, stdin=in_r, stdout=out_w, stderr=err_w, start_new_session=True)
+        except OSError as exc:
+            for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
+                os.close(fd)
+            shutil.rmtree(bundle, ignore_errors=True)
+            raise SandboxError(f"could not start {runtime}: {exc}") from exc
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        return DirectSandbox(sandbox_id, proc, PipeChannel(out_r, err_r), in_w, spec, time.monotonic(), runtime, bundle)
+
+    def is_alive(self, sandbox: DirectSandbox | LiveSandbox) -> bool:
+        if isinstance(sandbox, LiveSandbox):
+            return self.docker.is_alive(sandbox)
+        return sandbox.proc.poll() is None and sandbox.channel.drain()
+
+    def execute(
+        self, sandbox: DirectSandbox | LiveSandbox, request: RunRequest, *, started: float | None = None
+    ) -> ExecutionResult:
+        if isinstance(sandbox, LiveSandbox):
+            return self.docker.execute(sandbox, request, started=started)
+        if sandbox.used:
+            raise SandboxError("internal error: a sandbox was handed out twice")
+        sandbox.used = True
+        started = time.monotonic() if started is None else started
+        limits = request.limits
+        deadline = time.monotonic() + request.timeout_seconds
+        nonce = protocol.new_nonce()
+        sandbox.writer = self._send(sandbox, protocol.encode_run(request, nonce))
+        emit = request.on_output
+        collector = protocol.Collector(
+            protocol.CappedStream(limits.output_limit, emit and functools.partial(emit, "stdout")),
+            protocol.CappedStream(limits.output_limit, emit and functools.partial(emit, "stderr")),
+            nonce,
+        )
+        finished = protocol.collect(sandbox.channel, collector, deadline)
+        collector.flush()
+        status = collector.exit_status
+        if finished and status is not None and status < 128:
+            exit_code, oom_killed = status, False
+        elif finished:
+            exit_code, oom_killed = self._exit_status(sandbox, status)
+        else:
+            sandbox.channel.close()
+            self._kill(sandbox)
+            exit_code, oom_killed = -1, False
+        return protocol.execution_result(
+            request,
+            collector,
+            exit_code=exit_code,
+            timed_out=not finished,
+            oom_killed=oom_killed,
+            started=started,
+            backend=self.name,
+        )
+
+    def _exit_status(self, sandbox: DirectSandbox, reported: int | None) -> tuple[int, bool]:
+        try:
+            code = sandbox.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._kill(sandbox)
+            code = sandbox.proc.wait(timeout=10)
+        if reported is None and code < 0:
+            raise SandboxError(
+                f"{sandbox.runtime}'s process for this sandbox was killed (signal {-code}) before the program "
+                "finished; nothing ran to completion: run it again"
+            )
+        if reported is None and code != 0:
+            self._raise_if_runtime_failed(sandbox)
+        if reported is not None:
+            code = reported
+        # ``--keep`` keeps the cgroup until ``runc delete``: its counter says whether the kernel's
+        # OOM killer fired in this sandbox (a program's own SIGKILL or exit(137) does not count).
+        return code, code != 0 and _oom_kills(sandbox.id) > 0
+
+    @staticmethod
+    def _raise_if_runtime_failed(sandbox: DirectSandbox) -> None:
+        """runc writes its own failures (not the program's) to the log in the bundle."""
+        try:
+            lines = (sandbox.bundle / "runtime.log").read_text().splitlines()
+        except OSError:
+            return
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry.get("level") in ("error", "fatal"):
+                    raise SandboxError(f"{sandbox.runtime} could not start the sandbox: {entry.get('msg')}")
+
+    @staticmethod
+    def _send(sandbox: DirectSandbox, payload: bytes) -> threading.Thread | None:
+        def write() -> None:
+            fd, sandbox.stdin_fd = sandbox.stdin_fd, -1
+            try:
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view) :]
+            except OSError:
+                pass  # the sandbox exited or was killed before reading everything
+            finally:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+        if len(payload) <= _INLINE_PAYLOAD:
+            write()
+            return None
+        thread = threading.Thread(target=write, name="sandloop-stdin", daemon=True)
+        thread.start()
+        return thread
+
+    def _kill(self, sandbox: DirectSandbox) -> None:
+        """SIGKILL the container's PID 1 (the kernel then kills the whole PID namespace)."""
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((sandbox.bundle / "pid").read_text())
+            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+            if sandbox.id in cgroup:  # never a reused pid
+                os.kill(pid, signal.SIGKILL)
+
+    # -- sessions: through Docker ---------------------------------------------------------------
+    def run_cell(
+        self, kernel: LiveSandbox, code: str, *, limits: SandboxLimits, interrupt_after: float, grace: float
+    ) -> CellResult:
+        return self.docker.run_cell(kernel, code, limits=limits, interrupt_after=interrupt_after, grace=grace)
+
+    def find_kernel(self, session_id: str, spec: SandboxSpec) -> LiveSandbox | None:
+        return self.docker.find_kernel(session_id, spec)
+
+    def detach(self, sandbox: DirectSandbox | LiveSandbox) -> None:
+        if isinstance(sandbox, LiveSandbox):
+            self.docker.detach(sandbox)
+        else:
+            self.destroy(sandbox)  # a direct sandbox has no one to outlive us with
+
+    # -- teardown ----------------------------------------------------------------------------
+    def destroy(self, sandbox: DirectSandbox | LiveSandbox) -> None:
+        """Hand the sandbox to a teardown thread (kill, wait, delete state, remove bundle)."""
+        if isinstance(sandbox, LiveSandbox):
+            self.docker.destroy(sandbox)
+            return
+        sandbox.channel.close()
+        if sandbox.stdin_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(sandbox.stdin_fd)
+            sandbox.stdin_fd = -1
+        with self._pending_lock:
+            if sandbox.destroyed:
+                return  # destroy is idempotent
+            sandbox.destroyed = True
+            self._dying.add(sandbox.id)
+            self._pending += 1
+        self._teardowns.put(sandbox)
+
+    def _teardown_loop(self) -> None:
+        while True:
+            sandbox = self._teardowns.get()
+            if sandbox is None:
+                return
+            try:
+                self._teardown(sandbox)
+            except Exception as exc:  # noqa: BLE001 - a teardown thread must survive
+                log.warning("could not tear down %s: %s (the reaper will)", sandbox.id, exc)
+            finally:
+                with self._pending_lock:
+                    self._pending -= 1
+                    self._dying.discard(sandbox.id)
+                    self._pending_lock.notify_all()
+
+    def _teardown(self, sandbox: DirectSandbox) -> None:
+        if sandbox.writer is not None:
+            sandbox.writer.join(5)
+        if sandbox.proc.poll() is None:
+            self._kill(sandbox)
+            try:
+                sandbox.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                sandbox.proc.kill()
+                sandbox.proc.wait(timeout=10)
+        self._delete(sandbox.id, sandbox.runtime)
+
+    def _delete(self, sandbox_id: str, runtime: str) -> None:
+        argv = self._runtimes.get(runtime, [runtime])
+        subprocess.run(
+            [*argv, "--root", str(self.state / "runtime" / runtime), "delete", "--force", sandbox_id],
+            capture_output=True,
+            timeout=30,
+        )
+        for directory in _cgroup_dirs(sandbox_id):  # runc removes them; this is for a crash
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        shutil.rmtree(self.state / "bundles" / sandbox_id, ignore_errors=True)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every handed-over teardown is done (at shutdown)."""
+        deadline = time.monotonic() + timeout
+        with self._pending_lock:
+            while self._pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._pending_lock.wait(remaining)
+        return True
+
+    @functools.cache  # noqa: B019 - one per backend, lives as long as it
+    def _hostname_file(self) -> Path:
+        path = self.state / "hostname"
+        if not path.is_file():
+            self.state.mkdir(parents=True, exist_ok=True)
+            tmp = self.state / f".hostname-{uuid.uuid4().hex[:8]}"
+            tmp.write_text("sandbox\n")
+            tmp.chmod(0o644)
+            tmp.rename(path)
+        return path
+
+    # -- workspaces: Docker's ------------------------------------------------------------------
+    def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef:
+        return self.docker.create_workspace(session_id, quota_bytes, owner_uid_gid)
+
+    def ensure_workspace(self, session_id: str, ref: WorkspaceRef) -> None:
+        self.docker.ensure_workspace(session_id, ref)
+
+    def delete_workspace(self, session_id: str) -> None:
+        self.docker.delete_workspace(session_id)
+
+    # -- housekeeping --------------------------------------------------------------------------
+    def _bundles(self) -> list[Owned]:
+        out: list[Owned] = []
+        directory = self.state / "bundles"
+        if not directory.is_dir():
+            return out
+        for bundle in directory.iterdir():
+            if bundle.name.startswith(".") or bundle.name in self._dying:
+                continue
+            try:
+                labels = json.loads((bundle / "config.json").read_text()).get("annotations") or {}
+            except (OSError, ValueError):
+                labels = {}
+            out.append(Owned("sandbox", bundle.name, labels))
+        return out
+
+    def owned(self) -> list[Owned]:
+        return self.docker.owned() + self._bundles()
+
+    def remove(self, item: Owned) -> None:
+        if item.kind == "sandbox" and (self.state / "bundles" / item.id).is_dir():
+            self.host_problem()  # knows the runtimes' paths
+            try:
+                self._delete(item.id, item.labels.get(RUNTIME_LABEL, "runc"))
+            except Exception as exc:  # noqa: BLE001 - reaping is best effort
+                log.warning("could not remove %s: %s", item.id, exc)
+            return
+        self.docker.remove(item)
+
+    def remove_labelled(self, label: str, value: str) -> int:
+        n = self.docker.remove_labelled(label, value)
+        for item in self._bundles():
+            if item.labels.get(label) == value:
+                self.remove(item)
+                n += 1
+        return n
+
+    def retry_removals(self) -> int:
+        return self.docker.retry_removals()

@@ -1,0 +1,247 @@
+"""The direct OCI backend against Docker on the same host: the same config, the same isolation seen
+from inside, OOM told apart from a program's own SIGKILL, nothing left behind (states, cgroups,
+bundles), the reaper after the owner is SIGKILLed, and the read-only root file system store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from sandloop import SandboxLimits
+from sandloop.contract import SandboxError
+from sandloop.runner import build_request
+from sandloop.runtime.base import SandboxSpec
+from sandloop.runtime.docker import DockerBackend
+from sandloop.runtime.oci import DirectSandbox, OCIBackend
+from sandloop.runtime.oci.config import PER_RUN_FIELDS, diff, docker_bundle_config
+from sandloop.settings import runtime_image
+
+STATE = Path("/run/sandloop/oci")
+
+
+@pytest.fixture(scope="module")
+def oci():
+    backend = OCIBackend(DockerBackend())
+    problem = backend.host_problem()
+    assert problem is None, problem
+    yield backend
+    backend.close()
+
+
+def _leftovers(sandbox_ids) -> list[str]:
+    out = []
+    for sid in sandbox_ids:
+        if (STATE / "bundles" / sid).exists():
+            out.append(f"bundle {sid}")
+        if (STATE / "runtime" / "runc" / sid).exists():
+            out.append(f"state {sid}")
+        out += [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/sandloop/{sid}")]
+    return out
+
+
+def _request(code, timeout=30, limits=None, **kw):
+    return build_request(code, "python", timeout, limits=limits or SandboxLimits(), image=runtime_image(), **kw)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [SandboxLimits(), SandboxLimits(memory="128m", cpus=1.0, pids=32, open_files=256, tmpfs_size="16m")],
+    ids=["defaults", "other-limits"],
+)
+def test_the_config_is_dockers_own_but_for_the_per_run_fields(oci, limits):
+    spec = SandboxSpec(runtime_image(), limits.for_container())
+    live = oci.docker.launch(spec, purpose="run", lifetime_seconds=60)
+    try:
+        docker_config = docker_bundle_config(live.id)
+    finally:
+        oci.docker.destroy(live)
+    direct = oci.launch(spec, purpose="run", lifetime_seconds=60)
+    try:
+        assert isinstance(direct, DirectSandbox)
+        ours = json.loads((direct.bundle / "config.json").read_text())
+    finally:
+        oci.destroy(direct)
+    assert docker_config is not None
+    assert diff(ours, docker_config) == []
+    # and the per-run fields are what they should be
+    changed = set(diff(ours, docker_config, ignore=()))
+    assert changed and all(any(c == f or c.startswith(f + ".") for f in PER_RUN_FIELDS) for c in changed)
+    assert ours["root"] == {"path": str(oci.store.rootfs(runtime_image())), "readonly": True}
+    assert ours["linux"]["cgroupsPath"] == f"/sandloop/{direct.id}"
+    assert ours["annotations"]["sandloop.purpose"] == "run"
+    assert ours["linux"]["resources"]["memory"]["limit"] == limits.memory_bytes
+    assert ours["process"]["user"]["uid"] == 65534 and ours["process"]["capabilities"] == {}
+
+
+PROBES = textwrap.dedent(
+    r"""
+    import errno, json, os, resource, socket
+    out = {}
+    status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+    for k in ("Uid", "Gid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"):
+        out[k] = status[k].split()
+    out["hostname"] = socket.gethostname()
+    out["ifaces"] = sorted(os.listdir("/sys/class/net"))
+    out["nofile"] = resource.getrlimit(resource.RLIMIT_NOFILE)
+    mounts = {}
+    overlay = ("lowerdir", "upperdir", "workdir", "xino", "index", "metacopy", "redirect")
+    for line in open("/proc/self/mounts"):
+        dev, target, fstype, opts = line.split()[:4]
+        if target in ("/", "/tmp", "/dev", "/dev/shm", "/proc", "/sys", "/etc/hostname"):
+            kept = sorted(o for o in opts.split(",") if not o.startswith(overlay))
+            mounts[target] = (fstype if target != "/" else "-", kept)
+    out["mounts"] = mounts
+    def attempt(f):
+        try:
+            f()
+            return "ok"
+        except OSError as e:
+            return errno.errorcode[e.errno]
+    out["write_root"] = attempt(lambda: open("/usr/evil", "w"))
+    out["write_proc_sys"] = attempt(lambda: open("/proc/sys/kernel/hostname", "w").write("x"))
+    out["kcore"] = attempt(lambda: open("/proc/kcore", "rb").read(1))
+    out["unshare"] = attempt(lambda: os.unshare(os.CLONE_NEWUSER)) if hasattr(os, "unshare") else "-"
+    out["setuid"] = attempt(lambda: os.setuid(0))
+    with open("/tmp/x.sh", "w") as f:
+        f.write("#!/bin/sh\n")
+    os.chmod("/tmp/x.sh", 0o755)
+    out["exec_tmp"] = attempt(lambda: os.execv("/tmp/x.sh", ["x"]))
+    out["devices"] = sorted(os.listdir("/dev"))
+    print(json.dumps(out, sort_keys=True))
+    """
+)
+
+
+def test_isolation_probes_give_the_same_answers_as_docker(oci):
+    request = _request(PROBES)
+    through_docker = oci.docker.run(request)
+    direct = oci.run(request)
+    assert through_docker.ok and direct.ok, (through_docker.stderr, direct.stderr)
+    a, b = json.loads(through_docker.stdout), json.loads(direct.stdout)
+    mounts_a, mounts_b = a.pop("mounts"), b.pop("mounts")
+    assert a == b
+    assert mounts_a.keys() == mounts_b.keys()
+    for target in mounts_a:
+        if target == "/":  # a read-only overlay under Docker, a read-only bind of the store here
+            assert "ro" in mounts_a[target][1] and "ro" in mounts_b[target][1]
+        else:
+            assert mounts_a[target] == mounts_b[target], target
+    assert b["Uid"][0] == "65534" and b["CapEff"] == ["0000000000000000"] and b["NoNewPrivs"] == ["1"]
+    assert b["Seccomp"] == ["2"] and b["ifaces"] == ["lo"] and b["write_root"] == "EROFS"
+
+
+@pytest.mark.parametrize(
+    "code, exit_code, oom",
+    [
+        ("x = bytearray(400 * 1024 * 1024)", 137, True),
+        ("import os\nos.kill(os.getpid(), 9)", 137, False),
+        ("import sys\nsys.exit(137)", 137, False),
+        ("import sys\nsys.exit(3)", 3, False),
+    ],
+    ids=["oom", "own-sigkill", "exit-137", "exit-3"],
+)
+def test_oom_is_told_apart_from_a_programs_own_kill(oci, code, exit_code, oom):
+    r = oci.run(_request(code, limits=SandboxLimits(memory="128m")))
+    assert (r.exit_code, r.oom_killed, r.timed_out) == (exit_code, oom, False), r
+
+
+def test_a_timeout_kills_and_leaves_nothing(oci):
+    spec = _request("x").spec
+    sandbox = oci.launch(spec, purpose="run", lifetime_seconds=60)
+    r = oci.execute(sandbox, _request("import time\nprint('started', flush=True)\ntime.sleep(60)", timeout=1.5))
+    assert r.timed_out and r.exit_code == -1 and r.stdout == "started\n" and r.duration_seconds < 10
+    oci.destroy(sandbox)
+    assert oci.drain(30)
+    assert _leftovers([sandbox.id]) == []
+
+
+def test_fifty_runs_leave_no_state_cgroup_bundle_or_zombie(oci):
+    ids = []
+    for i in range(50):
+        sandbox = oci.launch(_request("x").spec, purpose="run", lifetime_seconds=60)
+        ids.append(sandbox.id)
+        try:
+            assert oci.execute(sandbox, _request(f"print({i})")).stdout == f"{i}\n"
+        finally:
+            oci.destroy(sandbox)
+    assert oci.drain(60)
+    assert _leftovers(ids) == []
+    zombies = subprocess.run(["ps", "-o", "stat=", "--ppid", str(os.getpid())], capture_output=True, text=True)
+    assert "Z" not in zombies.stdout
+
+
+def test_the_runtime_parent_killed_mid_run_gives_a_result_and_leaves_nothing(oci):
+    sandbox = oci.launch(_request("x").spec, purpose="run", lifetime_seconds=60)
+    assert isinstance(sandbox, DirectSandbox)
+    sandbox.proc.kill()  # runc's own process, not the sandbox
+    try:
+        r = oci.execute(sandbox, _request("print('still answers')", timeout=10))
+    except SandboxError as exc:  # killed before the container was made
+        assert "was killed (signal 9)" in str(exc) and "run it again" in str(exc)
+    else:  # killed after: the container lives on without its parent and still answers
+        assert r.stdout == "still answers\n" and r.ok, r
+    oci.destroy(sandbox)
+    assert oci.drain(30)
+    assert _leftovers([sandbox.id]) == []
+
+
+def test_an_owner_killed_mid_run_is_reaped_in_one_pass(oci):
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from sandloop import SandboxLimits
+        from sandloop.runtime.docker import DockerBackend
+        from sandloop.runtime.oci import OCIBackend
+        from sandloop.runner import build_request
+        from sandloop.settings import runtime_image
+        b = OCIBackend(DockerBackend())
+        r = build_request("import time\\nprint('up', flush=True)\\ntime.sleep(300)", "python", 300,
+                          limits=SandboxLimits(), image=runtime_image())
+        s = b.launch(r.spec, purpose="run", lifetime_seconds=300)
+        print(s.id, flush=True)
+        b.execute(s, r)
+        """
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    sandbox_id = owner.stdout.readline().strip()
+    time.sleep(1.0)
+    assert (STATE / "bundles" / sandbox_id).is_dir()
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    from sandloop.pool.reaper import reap
+
+    assert sandbox_id.startswith("sandloop-")
+    reap(oci)
+    assert _leftovers([sandbox_id]) == []
+
+
+def test_the_exported_root_is_read_only_on_the_host_too(oci):
+    rootfs = oci.store.rootfs(runtime_image())
+    with pytest.raises(OSError) as caught:
+        (rootfs / "usr" / "evil").write_text("x")
+    assert caught.value.errno == 30  # EROFS: a read-only bind of the store onto itself
+    assert (rootfs / "etc" / "hostname").is_file() and (rootfs / "proc").is_dir()
+
+
+def test_what_the_backend_does_not_run_directly_goes_to_docker(oci):
+    for limits in (SandboxLimits(runtime="runsc"), SandboxLimits(network=True)):
+        reason = oci.why_not_direct(SandboxSpec(runtime_image(), limits))
+        if limits.runtime == "runsc" and "runsc" not in oci.docker.info().runtimes:
+            continue
+        assert reason and ("Docker" in reason)
+        sandbox = oci.launch(SandboxSpec(runtime_image(), limits), purpose="run", lifetime_seconds=60)
+        try:
+            assert not isinstance(sandbox, DirectSandbox)
+        finally:
+            oci.destroy(sandbox)
+    info = oci.info()
+    assert info.name == "oci" and info.details["direct runs"] == "runc"
