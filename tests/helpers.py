@@ -83,7 +83,8 @@ def _cpu_usage_file(container_id: str) -> str | None:
         f"/sys/fs/cgroup/cpu,cpuacct/docker/{container_id}/cpuacct.usage",
         f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/cpu.stat",  # v2 + systemd, usec
         f"/sys/fs/cgroup/docker/{container_id}/cpu.stat",  # v2 + cgroupfs
-        f"/sys/fs/cgroup/cpu,cpuacct/sandloop/{container_id}/cpuacct.usage",  # the direct OCI backend
+        f"/sys/fs/cgroup/cpuacct/sandloop/{container_id}/cpuacct.usage",  # the direct OCI backend
+        f"/sys/fs/cgroup/cpu,cpuacct/sandloop/{container_id}/cpuacct.usage",
     )
     return next((p for p in candidates if os.path.exists(p)), None)
 

@@ -30,6 +30,11 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
         return [Check(f"{root.backend.name} engine", "missing", str(exc))]
     extra = ", ".join(f"{k} {v}" for k, v in info.details.items())
     checks = [Check(f"{info.name} engine", "ok", f"{info.version} ({extra})" if extra else info.version)]
+    direct = info.details.get("direct runs")
+    if direct is not None:  # the OCI backend: which runs skip dockerd, which go through it
+        off = direct.startswith("off")
+        detail = f"{direct}; through Docker: {info.details.get('through Docker', '?')} (docs/runtimes.md)"
+        checks.append(Check("direct runs", "off" if off else "ok", detail, essential=False))
     if not info.isolated:
         checks.append(Check("isolation", "off", "the test double runs code as local processes: tests only", False))
     for rt in ("runc", "runsc"):

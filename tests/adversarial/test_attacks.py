@@ -12,6 +12,7 @@ import pytest
 from sandloop import SandboxLimits, run_code
 from sandloop.root import default_root
 from sandloop.runtime.docker import DockerBackend
+from sandloop.runtime.oci import OCIBackend
 from sandloop.settings import runtime_image
 from tests.helpers import ONLY_LOOPBACK_GUARD, our_containers
 
@@ -85,7 +86,7 @@ def test_a_memory_hog_is_oom_killed_even_when_the_host_page_cache_was_cold(lim):
     # bring back a prompt OOM kill.
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
     backend = default_root().backend
-    assert isinstance(backend, DockerBackend)
+    assert isinstance(backend, DockerBackend | OCIBackend)
     backend.prefetch_image(runtime_image(), wait=True, force=True)
     r = _run("const a = []; while (true) { a.push(Buffer.alloc(8 << 20, 1)); }", lim, "node", timeout=60)
     assert not r.timed_out and r.exit_code == 137 and r.duration_seconds < 20, r

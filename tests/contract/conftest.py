@@ -12,6 +12,7 @@ PARAMS = [
     pytest.param("docker-runc", marks=pytest.mark.docker),
     pytest.param("docker-runsc", marks=[pytest.mark.docker, pytest.mark.runsc]),
     pytest.param("oci-runc", marks=pytest.mark.docker),
+    pytest.param("oci-runsc", marks=[pytest.mark.docker, pytest.mark.runsc]),
     pytest.param("fake"),
 ]
 
