@@ -1,4 +1,4 @@
-"""``OCIBackend``: single-use runs started by runc directly, without dockerd on their path.
+"""``OCIBackend``: single-use runs started by runc or runsc directly, without dockerd on their path.
 
 A run: render Docker's own config for the spec into a fresh bundle, ``runc run --keep`` it as our
 child with the launcher's stdin/stdout/stderr on pipes (the launcher then waits for its program,
@@ -11,6 +11,10 @@ processes are reaped by tini, its PID 1. If this process dies, the launchers see
 exit; the stopped states and bundles keep their annotations (the labels), so the reaper finds and
 removes them by owner like Docker's containers.
 
+runsc: no ``--keep``, so the memory cgroup is made here with the config's limits first (runsc
+joins it as it is and leaves it), and runsc runs under ``subreaper.py``, which reaps the sandbox
+and gofer processes runsc leaves behind.
+
 What goes to Docker instead (``DockerBackend``, the same limits): sessions (workspaces and
 interpreters), ``network=True``, runtimes this backend does not start directly, and every run on
 a host where parity with Docker cannot be established (not root, another cgroup mode or driver,
@@ -19,6 +23,7 @@ a config with hooks, AppArmor or SELinux). ``info()`` and ``sandloop doctor`` sa
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import hashlib
@@ -70,6 +75,7 @@ class DirectSandbox:
     bundle: Path
     used: bool = False
     destroyed: bool = False
+    destroyed_at: float = 0.0
     writer: threading.Thread | None = None
     #: A collector a kernel would carry (unused: sessions run on Docker); kept for symmetry.
     collector: protocol.Collector | None = None
@@ -124,6 +130,8 @@ class OCIBackend:
         #: Sandboxes handed to a teardown thread: no longer ``owned()`` (ours to remove, not the
         #: reaper's; if this process dies first, their bundles are listed again).
         self._dying: set[str] = set()
+        #: How long the last teardowns took, from ``destroy`` to nothing left (benchmarks).
+        self.teardown_seconds: collections.deque[float] = collections.deque(maxlen=1000)
         self._workers = [
             threading.Thread(target=self._teardown_loop, name="sandloop-oci-teardown", daemon=True)
             for _ in range(teardown_threads)
@@ -481,6 +489,7 @@ class OCIBackend:
             if sandbox.destroyed:
                 return  # destroy is idempotent
             sandbox.destroyed = True
+            sandbox.destroyed_at = time.monotonic()
             self._dying.add(sandbox.id)
             self._pending += 1
         self._teardowns.put(sandbox)
@@ -492,6 +501,7 @@ class OCIBackend:
                 return
             try:
                 self._teardown(sandbox)
+                self.teardown_seconds.append(time.monotonic() - sandbox.destroyed_at)
             except Exception as exc:  # noqa: BLE001 - a teardown thread must survive
                 log.warning("could not tear down %s: %s (the reaper will)", sandbox.id, exc)
             finally:
