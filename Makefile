@@ -21,13 +21,13 @@ run: setup
 	@echo "== the same run as JSON =="
 	$(VENV)/bin/sandloop run --json examples/hello.js
 
-# The whole suite, then the isolation, runner and adversarial suites again on the direct OCI
-# backend (runc started without dockerd; docs/runtimes.md).
-OCI_SUITES = tests/integration/test_isolation.py tests/integration/test_runner.py tests/adversarial
+# The whole suite on the default backend (oci: runs direct where parity holds, the rest through
+# Docker; docs/runtimes.md), then the isolation, runner and adversarial suites again on Docker only.
+SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/adversarial
 
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
-	SANDLOOP_BACKEND=oci $(VENV)/bin/python -m pytest $(PYTEST_ARGS) $(OCI_SUITES)
+	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest $(PYTEST_ARGS) $(SECOND_PASS)
 
 # No engine, no image: unit tests, and the backend contract on the test double (FakeBackend).
 test-fast:

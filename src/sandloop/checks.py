@@ -28,7 +28,8 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
         info = root.info()
     except SandboxError as exc:
         return [Check(f"{root.backend.name} engine", "missing", str(exc))]
-    extra = ", ".join(f"{k} {v}" for k, v in info.details.items())
+    own_line = ("direct runs", "through Docker")  # shown as their own check below
+    extra = ", ".join(f"{k} {v}" for k, v in info.details.items() if k not in own_line)
     checks = [Check(f"{info.name} engine", "ok", f"{info.version} ({extra})" if extra else info.version)]
     direct = info.details.get("direct runs")
     if direct is not None:  # the OCI backend: which runs skip dockerd, which go through it
@@ -49,7 +50,7 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
     else:
         detail = (
             "needs root and mkfs.ext4 (e2fsprogs): workspaces get no quota"
-            if info.name == "docker"
+            if info.name in ("docker", "oci")
             else f"the {info.name} backend's workspaces have no size cap"
         )
         checks.append(Check("session quotas", "off", detail, essential=False))

@@ -2,8 +2,9 @@
 root (``sandloop.Sandloop``), never at import time.
 
 The backend is chosen by a discriminated union (``backend.type``), each member with a lazy
-``build()``: ``SANDLOOP_BACKEND=docker`` (default), ``oci`` (runc started directly) or ``fake``
-(the test double), or
+``build()``: ``SANDLOOP_BACKEND=oci`` (the default: runs started by runc/runsc directly where the
+host passes the parity check, everything else through Docker), ``docker`` (Docker only) or
+``fake`` (the test double), or
 ``SANDLOOP_BACKEND='{"type": "docker", "base_url": "tcp://..."}'``. A new backend adds a member.
 """
 
@@ -76,7 +77,10 @@ BackendConfig = Annotated[DockerConfig | OCIConfig | FakeConfig, Field(discrimin
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SANDLOOP_", extra="ignore")
 
-    backend: BackendConfig = Field(default_factory=DockerConfig, description="Where sandboxes run.")
+    backend: BackendConfig = Field(
+        default_factory=OCIConfig,
+        description="Where sandboxes run: runs direct where Docker parity holds, the rest through Docker.",
+    )
     home: Path = Field(default_factory=default_home, description="Sessions' records and workspaces, tokens.")
     image: str | None = Field(
         None, description="The runtime image; default: the one the recipe in this version builds."

@@ -68,6 +68,9 @@ def test_health_metrics_and_openapi(server, alice):
     spec = httpx.get(f"{url}/openapi.json").json()
     assert "/v1/runs" in spec["paths"] and "/v1/sessions/{session_id}/cells" in spec["paths"]
     assert "sandloop_runs_total" in alice.get("/metrics").text
+    ran = alice.post("/v1/runs", json={"code": "print(1)"}).json()
+    assert ran["backend"] in ("oci", "docker")  # which backend started the sandbox, also counted:
+    assert f'sandloop_runs_by_backend_total{{backend="{ran["backend"]}"}}' in alice.get("/metrics").text
 
 
 def test_auth_is_required_and_checked(server):

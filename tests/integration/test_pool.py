@@ -113,7 +113,7 @@ run_code("import time; time.sleep(120)", timeout_seconds=300)
 
 
 @pytest.mark.skipif(
-    os.environ.get("SANDLOOP_BACKEND") == "oci",
+    Settings().backend.type != "docker",
     reason="lists Docker's containers (the direct backend's reaper: test_oci.py, owner killed mid-run)",
 )
 def test_reaper_cleans_up_after_a_process_killed_mid_run():

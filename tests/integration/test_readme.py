@@ -28,7 +28,7 @@ def test_run_code_example(capsys):
 
 def test_sandloop_example(capsys):
     exec(compile(BLOCKS[1], "README.md:Sandloop", "exec"), {})
-    assert capsys.readouterr().out.startswith("42\n\n42\ndocker ReapReport(")
+    assert capsys.readouterr().out.startswith("42\n\n42\noci ReapReport(")
     assert our_containers() == []
 
 

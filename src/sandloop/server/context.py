@@ -35,11 +35,15 @@ class Metrics:
         self.runs: collections.Counter[str] = collections.Counter()
         self.seconds_sum = 0.0
         self.rejections: collections.Counter[str] = collections.Counter()
+        #: Runs by what started their sandbox (``ExecutionResult.backend``: docker, oci, fake).
+        self.backends: collections.Counter[str] = collections.Counter()
 
-    def run(self, outcome: str, seconds: float) -> None:
+    def run(self, outcome: str, seconds: float, backend: str | None = None) -> None:
         with self._lock:
             self.runs[outcome] += 1
             self.seconds_sum += seconds
+            if backend:
+                self.backends[backend] += 1
 
     def reject(self, code: str) -> None:
         with self._lock:
@@ -113,7 +117,8 @@ class Api:
 
     # -- answers ---------------------------------------------------------------------------------
     def count(self, result: Any) -> dict[str, Any]:
-        self.metrics.run("timeout" if result.timed_out else "ok" if result.ok else "error", result.duration_seconds)
+        outcome = "timeout" if result.timed_out else "ok" if result.ok else "error"
+        self.metrics.run(outcome, result.duration_seconds, getattr(result, "backend", None))
         return result_json(result)
 
     @staticmethod

@@ -53,6 +53,8 @@ def add_pages(app: FastAPI, api: Api, metrics_access: Literal["open", "token", "
         lines = ["# TYPE sandloop_runs_total counter"]
         lines += [f'sandloop_runs_total{{outcome="{k}"}} {v}' for k, v in sorted(metrics.runs.items())]
         lines += ["# TYPE sandloop_run_seconds_sum counter", f"sandloop_run_seconds_sum {metrics.seconds_sum:.6f}"]
+        lines += ["# TYPE sandloop_runs_by_backend_total counter"]
+        lines += [f'sandloop_runs_by_backend_total{{backend="{k}"}} {v}' for k, v in sorted(metrics.backends.items())]
         lines += ["# TYPE sandloop_rejections_total counter"]
         lines += [f'sandloop_rejections_total{{code="{k}"}} {v}' for k, v in sorted(metrics.rejections.items())]
         lines += ["# TYPE sandloop_warm_runs_total counter", f"sandloop_warm_runs_total {stats['warm_runs']}"]
