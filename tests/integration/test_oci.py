@@ -253,3 +253,23 @@ def test_what_the_backend_does_not_run_directly_goes_to_docker(oci):
             oci.destroy(sandbox)
     info = oci.info()
     assert info.name == "oci" and info.details["direct runs"] == "runc, runsc"
+
+
+def test_stores_of_gone_images_and_half_written_bundles_are_collected(tmp_path):
+    backend = OCIBackend(DockerBackend(), store=tmp_path / "store", state=tmp_path / "state")
+    try:
+        gone = tmp_path / "store" / "images" / ("0" * 64) / "rootfs"
+        used = tmp_path / "store" / "images" / ("1" * 64) / "rootfs"
+        for rootfs in (gone, used):
+            (rootfs / "usr").mkdir(parents=True)
+        bundle = tmp_path / "state" / "bundles" / "sandloop-live"
+        bundle.mkdir(parents=True)
+        (bundle / "config.json").write_text(json.dumps({"root": {"path": str(used)}, "annotations": {}}))
+        half = tmp_path / "state" / "bundles" / ".sandloop-half"
+        half.mkdir()
+        os.utime(half, (time.time() - 3600, time.time() - 3600))
+        removed = backend.collect_garbage()
+        assert set(removed) == {"0" * 64, ".sandloop-half"}
+        assert not gone.exists() and used.is_dir() and bundle.is_dir() and not half.exists()
+    finally:
+        backend.close()

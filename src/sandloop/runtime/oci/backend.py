@@ -148,7 +148,29 @@ class OCIBackend:
                 self._checked = True
                 if self._problem:
                     log.warning("direct OCI runs are off: %s", self._problem)
+                else:
+                    self.collect_garbage()
             return self._problem
+
+    def collect_garbage(self) -> list[str]:
+        """At start-up: remove exported stores whose image is gone (unless a bundle still uses
+        them) and bundles a crash left half-written. Returns what went. Never raises."""
+        removed: list[str] = []
+        try:
+            bundles = self.state / "bundles"
+            in_use = set()
+            for bundle in bundles.iterdir() if bundles.is_dir() else []:
+                if bundle.name.startswith("."):
+                    if time.time() - bundle.stat().st_mtime > 60:
+                        shutil.rmtree(bundle, ignore_errors=True)
+                        removed.append(bundle.name)
+                    continue
+                with contextlib.suppress(OSError, ValueError):
+                    in_use.add(Path(json.loads((bundle / "config.json").read_text())["root"]["path"]))
+            removed += self.store.gc(in_use)
+        except Exception as exc:  # noqa: BLE001 - housekeeping must not stop runs
+            log.warning("could not collect the direct backend's garbage: %s", exc)
+        return removed
 
     def _check_host(self) -> str | None:
         if os.geteuid() != 0:

@@ -14,6 +14,7 @@ import logging
 import shutil
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -88,8 +89,10 @@ class RootfsStore:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
 
-    def gc(self, in_use: set[Path] = frozenset()) -> list[str]:  # type: ignore[assignment]
-        """Remove stores whose image the engine no longer has (and no live bundle uses)."""
+    def gc(self, in_use: set[Path] | None = None) -> list[str]:
+        """Remove stores whose image the engine no longer has (and no live bundle uses), and
+        exports a crash interrupted."""
+        in_use = in_use or set()
         if not self.directory.is_dir():
             return []
         images = {str(i["Id"]).split(":", 1)[-1] for i in self._api().images(all=True)}
@@ -97,7 +100,9 @@ class RootfsStore:
         for entry in self.directory.iterdir():
             rootfs = entry / "rootfs"
             if entry.name.startswith(".export-"):
-                shutil.rmtree(entry, ignore_errors=True)  # an export a crash interrupted
+                if time.time() - entry.stat().st_mtime > 600:  # not one in progress elsewhere
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed.append(entry.name)
                 continue
             if entry.name in images or rootfs in in_use:
                 continue
