@@ -201,6 +201,7 @@ class Dispatcher:
             self.backend.retry_removals()
             if time.monotonic() - last_reap > self.settings.reap_interval_seconds:
                 last_reap = time.monotonic()
+                self.backend.sweep_orphans()
                 try:
                     reap(self.backend)
                 except Exception as exc:  # noqa: BLE001
@@ -221,3 +222,6 @@ class Dispatcher:
         deadline = time.monotonic() + 10  # an overloaded engine; the reaper has the rest
         while self.backend.retry_removals() and time.monotonic() < deadline:
             time.sleep(0.5)
+        if not [d for d in live_dispatchers() if d.backend is self.backend]:
+            # the last user of this backend is going: nothing it made may outlive it
+            self.backend.sweep_orphans(min_age=0)

@@ -13,7 +13,8 @@ Three roles, as typed Protocols:
 - ``Workspaces``: a session's persistent /workspace, kept apart from any sandbox.
 - ``Housekeeping``: everything the backend made carries sandloop's labels (``runtime/labels.py``);
   ``owned()`` lists it, ``remove`` removes one item, ``remove_labelled`` all of a session's
-  sandboxes, ``retry_removals`` what an overloaded engine failed to remove.
+  sandboxes, ``retry_removals`` what an overloaded engine failed to remove, ``sweep_orphans``
+  what this process made and lost track of.
 
 Handles (``Sandbox``, ``WorkspaceRef``) are opaque above this line: only the backend that made
 one looks inside.
@@ -187,6 +188,12 @@ class Housekeeping(Protocol):
 
     def retry_removals(self) -> int:
         """Retry removals that failed earlier; how many are still pending."""
+        ...
+
+    def sweep_orphans(self, min_age: float | None = None) -> int:
+        """Remove sandboxes this process made that nothing here refers to any more (e.g. a create
+        whose answer an engine outage swallowed), older than ``min_age`` seconds (default: long
+        enough that no launch in flight is touched). How many. Never raises."""
         ...
 
 

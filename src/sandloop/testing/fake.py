@@ -348,3 +348,6 @@ class FakeBackend:
 
     def retry_removals(self) -> int:
         return 0
+
+    def sweep_orphans(self, min_age: float | None = None) -> int:
+        return 0  # its sandboxes are this process's children: none can be orphaned

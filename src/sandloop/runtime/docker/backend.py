@@ -14,27 +14,32 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
-from sandloop.contract import CellResult, ExecutionResult, SandboxError, SandboxLimits
+from sandloop.contract import CellResult, EngineUnavailable, ExecutionResult, SandboxError, SandboxLimits
 from sandloop.paths import default_home
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.docker.errors import engine_errors
 from sandloop.runtime.docker.hardening import container_config
+from sandloop.runtime.docker.health import EngineBreaker
 from sandloop.runtime.docker.stream import SocketChannel
 from sandloop.runtime.docker.workspace import DockerWorkspaces, can_enforce_quotas
-from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
+from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL, owner_id
 
 log = logging.getLogger(__name__)
 
 #: Payloads up to this size are written inline; larger ones from a thread (the code may never read
 #: its stdin, and a blocked write must not hold up the deadline).
 _INLINE_PAYLOAD = 64 * 1024
+_LIVE: set[str] = set()
+#: A removal the engine refuses this many times while answering is given up on (and reported).
+GIVE_UP_AFTER = 5
 #: Docker refuses memory limits below 6 MiB.
 MIN_MEMORY_BYTES = 6 * 1024 * 1024
 
@@ -69,9 +74,16 @@ class DockerBackend:
         self._api: docker.APIClient | None = None
         self._lock = threading.Lock()
         self.workspaces = DockerWorkspaces(lambda: self.api, home or default_home())
-        #: Containers whose removal failed (engine down or overloaded), retried by ``retry_removals``.
-        self._graveyard: set[str] = set()
+        #: Containers whose removal failed (engine down or overloaded), retried by ``retry_removals``,
+        #: with how many times each failed.
+        self._graveyard: dict[str, int] = {}
         self._graveyard_lock = threading.Lock()
+        #: Containers the engine keeps refusing to remove (dead, root busy): reported once, not retried.
+        self.unremovable: dict[str, str] = {}
+        #: Containers launched in this process (by any backend object) and not yet removed: never
+        #: swept as orphans. Process-wide, as the owner label is the process's.
+        self._live = _LIVE
+        self.breaker = EngineBreaker(self._ping, self._recover)
 
     # -- engine connection -------------------------------------------------------------------
     @property
@@ -88,6 +100,14 @@ class DockerBackend:
                     client.ping()
                 self._api = client
             return self._api
+
+    def _ping(self) -> None:
+        self.api.ping()
+
+    def _recover(self) -> None:
+        """The engine answers again: retry failed removals, remove what the outage orphaned."""
+        self.retry_removals()
+        self.sweep_orphans()
 
     def close(self) -> None:
         with self._lock:
@@ -155,12 +175,17 @@ class DockerBackend:
 
     def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> LiveSandbox:
         """Create, attach to and start a sandbox whose launcher then waits for a program."""
-        api = self.api
+        self.breaker.check()
+        try:
+            api = self.api
+        except EngineUnavailable as exc:
+            self.breaker.failed(exc)
+            raise
         self.prefetch_image(spec.image)
         container_id: str | None = None
         attached: Any = None
         try:
-            with engine_errors(spec.image, spec.limits.runtime):
+            with self._watch(), engine_errors(spec.image, spec.limits.runtime):
                 kwargs = container_config(api, spec, purpose, lifetime_seconds)
                 if spec.command:
                     # A long-lived interpreter: stdin must stay open when one attached client goes.
@@ -169,6 +194,8 @@ class DockerBackend:
                     container_id = api.create_container_from_config(config)["Id"]
                 else:
                     container_id = api.create_container(**kwargs)["Id"]
+                with self._graveyard_lock:
+                    self._live.add(container_id)
                 attached = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
                 api.start(container_id)
             return LiveSandbox(container_id, SocketChannel(attached), spec, time.monotonic())
@@ -347,20 +374,52 @@ class DockerBackend:
             self._remove(c["Id"])
         return len(found)
 
+    @contextlib.contextmanager
+    def _watch(self) -> Iterator[None]:
+        """Open the breaker when an engine call inside fails for the engine's sake."""
+        try:
+            yield
+        except EngineUnavailable as exc:
+            self.breaker.failed(exc)
+            raise
+
     def _remove(self, container_id: str) -> bool:
         """Best effort: never raises, so it cannot mask the error that got us here. A removal that
-        failed (engine down or overloaded) is remembered and retried by ``retry_removals``."""
+        failed (engine down or overloaded) is remembered and retried by ``retry_removals`` (and as
+        soon as the engine answers again); one the engine refuses ``GIVE_UP_AFTER`` times while
+        answering (a dead container whose root is busy) is reported once and left to the operator."""
+        if container_id in self.unremovable:
+            return False
         try:
             self.api.remove_container(container_id, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except Exception as exc:  # noqa: BLE001 - cleanup must not raise
-            log.warning("could not remove container %s: %s (will retry)", container_id[:12], exc)
+            engine_away = not isinstance(exc, docker.errors.APIError)
             with self._graveyard_lock:
-                self._graveyard.add(container_id)
+                failures = self._graveyard.get(container_id, 0) + (0 if engine_away else 1)
+                self._graveyard[container_id] = failures
+                give_up = failures >= GIVE_UP_AFTER
+                if give_up:
+                    self._graveyard.pop(container_id, None)
+                    self._live.discard(container_id)
+                    self.unremovable[container_id] = str(exc)
+            if give_up:
+                log.error(
+                    "the engine refuses to remove container %s (%s): giving up; remove it by hand "
+                    "(`docker rm -f %s`, after restarting the engine if its root file system is busy)",
+                    container_id[:12],
+                    exc,
+                    container_id[:12],
+                )
+            else:
+                log.warning("could not remove container %s: %s (will retry)", container_id[:12], exc)
+            if engine_away:
+                self.breaker.failed(exc)
             return False
         with self._graveyard_lock:
-            self._graveyard.discard(container_id)
+            self._graveyard.pop(container_id, None)
+            self._live.discard(container_id)
         return True
 
     def retry_removals(self) -> int:
@@ -370,3 +429,26 @@ class DockerBackend:
             self._remove(container_id)
         with self._graveyard_lock:
             return len(self._graveyard)
+
+    def sweep_orphans(self, min_age: float | None = None) -> int:
+        """Remove containers this process owns that nothing here refers to: a create whose answer
+        an outage swallowed, a start that failed while the engine went away. Only those older than
+        ``min_age`` seconds (default: an engine call's timeout, so a launch in flight is never
+        touched). Returns how many. Never raises."""
+        min_age = self._call_timeout + 5 if min_age is None else min_age
+        try:
+            with engine_errors():
+                found = self.api.containers(all=True, filters={"label": f"{LABEL_PREFIX}owner={owner_id()}"})
+        except EngineUnavailable:
+            return 0
+        now, n = time.time(), 0
+        for c in found:
+            with self._graveyard_lock:
+                known = c["Id"] in self._live or c["Id"] in self.unremovable
+            created = float((c.get("Labels") or {}).get(f"{LABEL_PREFIX}created", "0") or 0)
+            if known or now - created < min_age:
+                continue
+            log.warning("removing container %s: made by this process, but no run or pool has it", c["Id"][:12])
+            self._remove(c["Id"])
+            n += 1
+        return n

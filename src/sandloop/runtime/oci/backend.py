@@ -648,3 +648,7 @@ class OCIBackend:
 
     def retry_removals(self) -> int:
         return self.docker.retry_removals()
+
+    def sweep_orphans(self, min_age: float | None = None) -> int:
+        # Direct sandboxes need no engine, so no outage orphans them: the engine's containers only.
+        return self.docker.sweep_orphans(min_age)

@@ -1,0 +1,50 @@
+"""The engine circuit breaker: fail fast while the engine is away, recover by itself."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from sandloop.contract import EngineUnavailable
+from sandloop.runtime.docker.health import EngineBreaker
+
+
+def test_open_fails_fast_then_recovers_and_runs_recovery_once():
+    up = threading.Event()
+    recovered = []
+
+    def ping():
+        if not up.is_set():
+            raise ConnectionError("refused")
+
+    breaker = EngineBreaker(ping, lambda: recovered.append(time.monotonic()), probe_interval=0.05)
+    breaker.check()  # closed: nothing happens
+    breaker.failed(EngineUnavailable("the Docker engine did not answer (ConnectionError). Start it"))
+    breaker.failed(EngineUnavailable("again"))  # already open: one prober, one opening
+    started = time.monotonic()
+    with pytest.raises(EngineUnavailable, match="not answering .*resumes by itself"):
+        breaker.check()
+    assert time.monotonic() - started < 0.05  # no engine call, no wait
+    time.sleep(0.2)
+    assert breaker.is_open and not recovered  # still away: probing
+    up.set()
+    deadline = time.monotonic() + 5
+    while breaker.is_open and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert not breaker.is_open and len(recovered) == 1 and breaker.openings == 1
+    breaker.check()
+
+
+def test_a_failing_recovery_does_not_reopen_or_raise():
+    def boom():
+        raise RuntimeError("retry failed")
+
+    breaker = EngineBreaker(lambda: None, boom, probe_interval=0.01)
+    breaker.failed(EngineUnavailable("x"))
+    deadline = time.monotonic() + 5
+    while breaker.is_open and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not breaker.is_open
