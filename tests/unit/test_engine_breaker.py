@@ -48,3 +48,22 @@ def test_a_failing_recovery_does_not_reopen_or_raise():
     while breaker.is_open and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not breaker.is_open
+
+
+def test_the_first_call_after_the_engine_is_back_goes_through():
+    up = threading.Event()
+    recovered = threading.Event()
+
+    def ping():
+        if not up.is_set():
+            raise ConnectionError("refused")
+
+    breaker = EngineBreaker(ping, recovered.set, probe_interval=60)  # the prober would be too late
+    breaker.failed(EngineUnavailable("away"))
+    time.sleep(0.25)
+    with pytest.raises(EngineUnavailable):
+        breaker.check()  # pings, still away
+    up.set()
+    time.sleep(0.25)  # past the inline probe gap
+    breaker.check()  # pings, the engine answers: no error
+    assert not breaker.is_open and recovered.wait(5)

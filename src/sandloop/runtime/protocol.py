@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import secrets
 import time
@@ -244,6 +245,53 @@ def await_cell(
         interrupt()
     collect(channel, collector, time.monotonic() + grace)
     return True, collector.exit_status is None
+
+
+def run_program(
+    channel: Channel,
+    request: RunRequest,
+    *,
+    send: Callable[[bytes], None],
+    exit_status: Callable[[int | None], tuple[int, bool]],
+    stop: Callable[[], None],
+    started: float,
+    backend: str,
+) -> ExecutionResult:
+    """One run in a started sandbox, whatever carries the bytes: ``send`` the program, collect
+    capped output until the end lines, EOF or the deadline, then the exit status. Below 128 it is
+    the launcher's own report (a program's chosen exit; no need to wait for the teardown); 128+N
+    means killed by signal N (137 may be the OOM killer), and EOF without an end line means the
+    launcher died, so those ask the backend: ``exit_status(reported)`` gives (code, oom_killed).
+    At the deadline ``stop()`` kills the sandbox and the result is -1, timed out."""
+    deadline = time.monotonic() + request.timeout_seconds
+    nonce = new_nonce()
+    send(encode_run(request, nonce))
+    emit = request.on_output
+    limit = request.limits.output_limit
+    collector = Collector(
+        CappedStream(limit, emit and functools.partial(emit, "stdout")),
+        CappedStream(limit, emit and functools.partial(emit, "stderr")),
+        nonce,
+    )
+    finished = collect(channel, collector, deadline)
+    collector.flush()
+    status = collector.exit_status
+    if finished and status is not None and status < 128:
+        exit_code, oom_killed = status, False
+    elif finished:
+        exit_code, oom_killed = exit_status(status)
+    else:
+        stop()
+        exit_code, oom_killed = -1, False
+    return execution_result(
+        request,
+        collector,
+        exit_code=exit_code,
+        timed_out=not finished,
+        oom_killed=oom_killed,
+        started=started,
+        backend=backend,
+    )
 
 
 def execution_result(

@@ -9,7 +9,6 @@ The container is force-removed whatever happened; cleanup never raises.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import socket
 import threading
@@ -216,43 +215,24 @@ class DockerBackend:
             raise SandboxError("internal error: a sandbox was handed out twice")
         sandbox.used = True
         started = time.monotonic() if started is None else started
-        limits = request.limits
-        deadline = time.monotonic() + request.timeout_seconds
-        nonce = protocol.new_nonce()
-        sandbox.writer = self._send(sandbox.sock, protocol.encode_run(request, nonce))
-        emit = request.on_output
-        collector = protocol.Collector(
-            protocol.CappedStream(limits.output_limit, emit and functools.partial(emit, "stdout")),
-            protocol.CappedStream(limits.output_limit, emit and functools.partial(emit, "stderr")),
-            nonce,
-        )
-        finished = protocol.collect(sandbox.channel, collector, deadline)
-        collector.flush()
-        with engine_errors(request.image, limits.runtime):
-            status = collector.exit_status
-            if finished and status is not None and status < 128:
-                # The launcher reported an exit the program chose: no need to wait for the
-                # container's teardown. 128+N means killed by signal N (137 may be the OOM
-                # killer), so those ask the engine.
-                exit_code, oom_killed = status, False
-            elif finished:
-                exit_code, oom_killed = self._exit_status(sandbox.id, status)
-            else:
-                # Stop reading first: a program still flooding its output keeps the engine
-                # blocked writing to this stream, and the engine finishes a kill only after its
-                # stream copiers do (seen: kill hung for the whole 30 s call timeout).
-                sandbox.channel.close()
-                with contextlib.suppress(docker.errors.APIError):
-                    self.api.kill(sandbox.id)
-                exit_code, oom_killed = -1, False
-        return protocol.execution_result(
-            request,
-            collector,
-            exit_code=exit_code,
-            timed_out=not finished,
-            oom_killed=oom_killed,
-            started=started,
-            backend=self.name,
+
+        def send(payload: bytes) -> None:
+            sandbox.writer = self._send(sandbox.sock, payload)
+
+        def exit_status(reported: int | None) -> tuple[int, bool]:
+            with engine_errors(request.image, request.limits.runtime):
+                return self._exit_status(sandbox.id, reported)
+
+        def stop() -> None:
+            # Stop reading first: a program still flooding its output keeps the engine blocked
+            # writing to this stream, and the engine finishes a kill only after its stream
+            # copiers do (seen: kill hung for the whole 30 s call timeout).
+            sandbox.channel.close()
+            with engine_errors(request.image, request.limits.runtime), contextlib.suppress(docker.errors.APIError):
+                self.api.kill(sandbox.id)
+
+        return protocol.run_program(
+            sandbox.channel, request, send=send, exit_status=exit_status, stop=stop, started=started, backend=self.name
         )
 
     # -- a session's interpreter ---------------------------------------------------------------

@@ -389,33 +389,20 @@ class OCIBackend:
             raise SandboxError("internal error: a sandbox was handed out twice")
         sandbox.used = True
         started = time.monotonic() if started is None else started
-        limits = request.limits
-        deadline = time.monotonic() + request.timeout_seconds
-        nonce = protocol.new_nonce()
-        sandbox.writer = self._send(sandbox, protocol.encode_run(request, nonce))
-        emit = request.on_output
-        collector = protocol.Collector(
-            protocol.CappedStream(limits.output_limit, emit and functools.partial(emit, "stdout")),
-            protocol.CappedStream(limits.output_limit, emit and functools.partial(emit, "stderr")),
-            nonce,
-        )
-        finished = protocol.collect(sandbox.channel, collector, deadline)
-        collector.flush()
-        status = collector.exit_status
-        if finished and status is not None and status < 128:
-            exit_code, oom_killed = status, False
-        elif finished:
-            exit_code, oom_killed = self._exit_status(sandbox, status)
-        else:
+
+        def send(payload: bytes) -> None:
+            sandbox.writer = self._send(sandbox, payload)
+
+        def stop() -> None:
             sandbox.channel.close()
             self._kill(sandbox)
-            exit_code, oom_killed = -1, False
-        return protocol.execution_result(
+
+        return protocol.run_program(
+            sandbox.channel,
             request,
-            collector,
-            exit_code=exit_code,
-            timed_out=not finished,
-            oom_killed=oom_killed,
+            send=send,
+            exit_status=lambda reported: self._exit_status(sandbox, reported),
+            stop=stop,
             started=started,
             backend=self.name,
         )
