@@ -27,6 +27,7 @@ import collections
 import contextlib
 import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -197,10 +198,12 @@ class OCIBackend:
     def _salt(self) -> str:
         raw = self.docker.engine_info()
         seccomp = resources.files("sandloop.runtime.docker").joinpath("seccomp.json").read_bytes()
-        from sandloop import __version__
-
+        try:  # the installed distribution's version (importing the package root would run upward)
+            version = importlib.metadata.version("sandloop")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
         return json.dumps(
-            [raw.get("ServerVersion"), raw.get("Runtimes"), __version__, hashlib.sha256(seccomp).hexdigest()],
+            [raw.get("ServerVersion"), raw.get("Runtimes"), version, hashlib.sha256(seccomp).hexdigest()],
             sort_keys=True,
         )
 
