@@ -1,0 +1,173 @@
+"""Chaos: ``sandloop serve`` SIGTERMed or SIGKILLed in the middle of a burst of HTTP runs and session
+cells, then started again on the same home.
+
+Every request ends in a correct result, a clean HTTP error, or a refused connection while no server
+is up -- never a wrong result, never a hang; the session made before the fault reattaches on the
+new server with its files intact; and once the second server is stopped nothing of either server
+is left (a SIGKILLed server's sandboxes are reaped by the next one: their owner is dead).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+from sandloop.server.tokens import TokenStore
+from tests.helpers import OCI_BUNDLES
+from tests.servers import sandloop_process
+
+BOUND = 90.0
+
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.docker,
+    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("dockerd"), reason="needs root and a local dockerd"),
+]
+
+
+def _owned_by(pids: list[int], session_id: str) -> list[str]:
+    """What any of these processes (or the session) still has: containers, bundles, volumes."""
+    left = []
+    client = docker.from_env()
+    try:
+        for c in client.api.containers(all=True, filters={"label": "sandloop.owner"}):
+            owner = c["Labels"]["sandloop.owner"]
+            if any(f":{pid}:" in owner for pid in pids) or c["Labels"].get("sandloop.session") == session_id:
+                left.append(f"container {c['Id'][:12]} {c['State']}")
+        label = f"sandloop.session={session_id}"
+        left += [f"volume {v.name}" for v in client.volumes.list(filters={"label": label})]
+    finally:
+        client.close()
+    for config in Path(OCI_BUNDLES).glob("*/config.json"):
+        try:
+            owner = json.loads(config.read_text()).get("annotations", {}).get("sandloop.owner", "")
+        except (OSError, ValueError):
+            continue
+        if any(f":{pid}:" in owner for pid in pids):
+            left.append(f"bundle {config.parent.name}")
+    if session_id in Path("/proc/mounts").read_text():
+        left.append(f"mount of {session_id}")
+    return left
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_server_dies_mid_burst_then_restarts(sig, tmp_path):
+    secret, _ = TokenStore(tmp_path / "tokens.sqlite").create("chaos", runs_per_minute=100_000, max_concurrent=16)
+    headers = {"Authorization": f"Bearer {secret}"}
+    state = {"url": ""}
+    outcomes: list[tuple[str, str, float, bool]] = []  # kind, outcome, seconds, sound
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def record(kind: str, outcome: str, started: float, sound: bool) -> None:
+        with lock:
+            outcomes.append((kind, outcome, time.monotonic() - started, sound))
+
+    def runs(worker: int) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            n = worker * 100_000 + i
+            started = time.monotonic()
+            try:
+                r = httpx.post(
+                    f"{state['url']}/v1/runs",
+                    json={"code": f"import time\ntime.sleep(0.1)\nprint({n} * {n})", "timeout_seconds": 10},
+                    headers=headers,
+                    timeout=BOUND,
+                )
+            except httpx.TransportError as exc:  # no server up (between the kill and the restart)
+                record("run", type(exc).__name__, started, True)
+                time.sleep(0.2)
+                continue
+            if r.status_code != 200:
+                record("run", f"HTTP {r.status_code}", started, r.status_code >= 400 and "error" in r.json())
+                continue
+            body = r.json()
+            right = body["exit_code"] == 0 and body["stdout"] == f"{n * n}\n"
+            record("run", "ok" if right else "failed run", started, right or body["exit_code"] != 0)
+
+    def cells(session_id: str) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            started = time.monotonic()
+            try:
+                r = httpx.post(
+                    f"{state['url']}/v1/sessions/{session_id}/cells",
+                    json={"code": f"{i} * 3", "timeout_seconds": 10},
+                    headers=headers,
+                    timeout=BOUND,
+                )
+            except httpx.TransportError as exc:
+                record("cell", type(exc).__name__, started, True)
+                time.sleep(0.2)
+                continue
+            if r.status_code != 200:
+                record("cell", f"HTTP {r.status_code}", started, r.status_code >= 400)
+                continue
+            body = r.json()
+            right = body.get("value") == str(i * 3)
+            record(
+                "cell",
+                "ok" if right else "failed cell",
+                started,
+                right or body.get("interpreter_restarted") or body["exit_code"] != 0,
+            )
+
+    pids: list[int] = []
+    with sandloop_process("serve", home=tmp_path) as (port, first):
+        pids.append(first.pid)
+        state["url"] = f"http://127.0.0.1:{port}"
+        made = httpx.post(f"{state['url']}/v1/sessions", json={"quota": "32m"}, headers=headers, timeout=120)
+        assert made.status_code == 201, made.text
+        session_id = made.json()["id"]
+        put = httpx.put(
+            f"{state['url']}/v1/sessions/{session_id}/files/keep.txt", content=b"intact", headers=headers, timeout=120
+        )
+        assert put.status_code == 200, put.text
+        threads = [threading.Thread(target=runs, args=(w,)) for w in range(3)]
+        threads.append(threading.Thread(target=cells, args=(session_id,)))
+        for t in threads:
+            t.start()
+        time.sleep(4)
+        first.send_signal(sig)
+        first.wait(60)
+    killed_at = time.monotonic()
+    try:
+        with sandloop_process("serve", home=tmp_path) as (port, second):
+            pids.append(second.pid)
+            state["url"] = f"http://127.0.0.1:{port}"
+            back = time.monotonic()
+            got = httpx.get(f"{state['url']}/v1/sessions/{session_id}/files/keep.txt", headers=headers, timeout=120)
+            assert got.status_code == 200 and got.content == b"intact", got.text  # reattached, files intact
+            time.sleep(4)
+            stop.set()
+            for t in threads:
+                t.join(BOUND + 30)
+            assert not any(t.is_alive() for t in threads), "a request hung"
+            gone = httpx.delete(f"{state['url']}/v1/sessions/{session_id}", headers=headers, timeout=120)
+            assert gone.status_code == 204, gone.text
+    finally:
+        stop.set()
+    summary: dict[str, int] = {}
+    for kind, outcome, *_ in outcomes:
+        summary[f"{kind} {outcome}"] = summary.get(f"{kind} {outcome}", 0) + 1
+    print(f"\nserver {sig.name}: {len(outcomes)} requests {summary}; the restart took {back - killed_at:.1f} s")
+    assert all(o[3] for o in outcomes), [o for o in outcomes if not o[3]]
+    assert max(o[2] for o in outcomes) < BOUND
+    assert summary.get("run ok", 0) > 0 and summary.get("cell ok", 0) > 0
+    deadline = time.monotonic() + 60
+    while (left := _owned_by(pids, session_id)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert left == []
