@@ -268,8 +268,12 @@ def test_stores_of_gone_images_and_half_written_bundles_are_collected(tmp_path):
         half = tmp_path / "state" / "bundles" / ".sandloop-half"
         half.mkdir()
         os.utime(half, (time.time() - 3600, time.time() - 3600))
+        emptied = tmp_path / "state" / "bundles" / "sandloop-emptied"  # a removal cut short
+        emptied.mkdir()
+        os.utime(emptied, (time.time() - 3600, time.time() - 3600))
         removed = backend.collect_garbage()
-        assert set(removed) == {"0" * 64, ".sandloop-half"}
+        assert set(removed) == {"0" * 64, ".sandloop-half", "sandloop-emptied"}
         assert not gone.exists() and used.is_dir() and bundle.is_dir() and not half.exists()
+        assert not emptied.exists()
     finally:
         backend.close()

@@ -89,6 +89,15 @@ def _cgroup_dirs(sandbox_id: str) -> list[Path]:
     return [p for p in (c / CGROUP_PARENT / sandbox_id for c in base.iterdir()) if p.is_dir()]
 
 
+def _remove_tree(path: Path) -> None:
+    """rmtree that also survives a file appearing meanwhile (the runtime's last log line)."""
+    for _ in range(3):
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            return
+        time.sleep(0.01)
+
+
 def _oom_kills(sandbox_id: str) -> int:
     try:
         text = Path(f"/sys/fs/cgroup/memory/{CGROUP_PARENT}/{sandbox_id}/memory.oom_control").read_text()
@@ -155,19 +164,36 @@ class OCIBackend:
 
     def collect_garbage(self) -> list[str]:
         """At start-up: remove exported stores whose image is gone (unless a bundle still uses
-        them) and bundles a crash left half-written. Returns what went. Never raises."""
+        them), bundles a crash left half-written or half-removed (no config), and empty cgroups of
+        sandboxes that have no bundle any more (a teardown cut short at exit). Only what is older
+        than a minute: never a sandbox being made. Returns what went. Never raises."""
         removed: list[str] = []
         try:
             bundles = self.state / "bundles"
-            in_use = set()
+            in_use, known = set(), set()
+            now = time.time()
             for bundle in bundles.iterdir() if bundles.is_dir() else []:
-                if bundle.name.startswith("."):
-                    if time.time() - bundle.stat().st_mtime > 60:
-                        shutil.rmtree(bundle, ignore_errors=True)
-                        removed.append(bundle.name)
+                old = now - bundle.stat().st_mtime > 60
+                try:
+                    config = json.loads((bundle / "config.json").read_text())
+                except (OSError, ValueError):
+                    config = None
+                if config is None and old:
+                    sandbox_id = bundle.name.lstrip(".")
+                    for runtime in DIRECT_RUNTIMES:
+                        self._delete(sandbox_id, runtime)
+                    shutil.rmtree(bundle, ignore_errors=True)
+                    removed.append(bundle.name)
                     continue
-                with contextlib.suppress(OSError, ValueError):
-                    in_use.add(Path(json.loads((bundle / "config.json").read_text())["root"]["path"]))
+                known.add(bundle.name)
+                if config is not None:
+                    with contextlib.suppress(KeyError, TypeError):
+                        in_use.add(Path(config["root"]["path"]))
+            for directory in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_PARENT}/sandloop-*"):
+                if directory.name not in known and now - directory.stat().st_mtime > 60:
+                    with contextlib.suppress(OSError):  # one with tasks in it is not ours to remove
+                        directory.rmdir()
+                        removed.append(str(directory))
             removed += self.store.gc(in_use)
         except Exception as exc:  # noqa: BLE001 - housekeeping must not stop runs
             log.warning("could not collect the direct backend's garbage: %s", exc)
@@ -552,7 +578,7 @@ class OCIBackend:
             else:
                 return False
         shutil.rmtree(self.state / "runtime" / sandbox.runtime / sandbox.id, ignore_errors=True)
-        shutil.rmtree(sandbox.bundle, ignore_errors=True)
+        _remove_tree(sandbox.bundle)
         return True
 
     def _delete(self, sandbox_id: str, runtime: str) -> None:
@@ -565,7 +591,7 @@ class OCIBackend:
         for directory in _cgroup_dirs(sandbox_id):  # runc removes them; this is for a crash
             with contextlib.suppress(OSError):
                 directory.rmdir()
-        shutil.rmtree(self.state / "bundles" / sandbox_id, ignore_errors=True)
+        _remove_tree(self.state / "bundles" / sandbox_id)
 
     def drain(self, timeout: float) -> bool:
         """Wait until every handed-over teardown is done (at shutdown)."""
@@ -637,7 +663,12 @@ class OCIBackend:
         return n
 
     def retry_removals(self) -> int:
-        return self.docker.retry_removals()
+        # Teardowns still queued or running count as pending removals: a dispatcher's close (also
+        # at interpreter exit) and settle() wait for them, so a short-lived process (the CLI)
+        # leaves no stopped state, cgroup or bundle behind.
+        with self._pending_lock:
+            pending = self._pending
+        return self.docker.retry_removals() + pending
 
     def sweep_orphans(self, min_age: float | None = None) -> int:
         # Direct sandboxes need no engine, so no outage orphans them: the engine's containers only.
