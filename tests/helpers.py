@@ -16,17 +16,23 @@ OWNER = owner_id()
 OCI_BUNDLES = "/run/sandloop/oci/bundles"
 
 
-def our_direct_sandboxes() -> list[str]:
-    """Bundles of direct (OCI backend) sandboxes this process owns."""
+def direct_sandboxes(owned=lambda owner: owner == OWNER) -> list[str]:
+    """Bundles of direct (OCI backend) sandboxes whose ``sandloop.owner`` passes ``owned``
+    (default: this process)."""
     import json
+    from pathlib import Path
 
     found = []
-    with contextlib.suppress(OSError):
-        for name in os.listdir(OCI_BUNDLES):
-            with contextlib.suppress(OSError, ValueError), open(f"{OCI_BUNDLES}/{name}/config.json") as f:
-                if json.load(f).get("annotations", {}).get("sandloop.owner") == OWNER:
-                    found.append(name)
+    for config in Path(OCI_BUNDLES).glob("*/config.json"):
+        with contextlib.suppress(OSError, ValueError):
+            if owned(json.loads(config.read_text()).get("annotations", {}).get("sandloop.owner", "")):
+                found.append(config.parent.name)
     return found
+
+
+def owned_by_pid(*pids: int):
+    """An ``owned`` predicate for ``direct_sandboxes``: any of these processes."""
+    return lambda owner: any(f":{pid}:" in owner for pid in pids)
 
 
 def our_containers(patience: float = 60.0) -> list:
@@ -49,7 +55,7 @@ def our_containers(patience: float = 60.0) -> list:
         finally:
             client.close()
         left = [c for c in found if c.id not in pooled]
-        left += [name for name in our_direct_sandboxes() if name not in pooled]
+        left += [name for name in direct_sandboxes() if name not in pooled]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(1)
@@ -113,7 +119,7 @@ def busiest_container_cpu_share(window: float = 2.0, patience: float = 60.0) -> 
         def snapshot() -> dict[str, float]:
             out = {}
             running = client.api.containers(filters={"label": f"sandloop.owner={OWNER}", "status": "running"})
-            for container_id in [c["Id"] for c in running] + our_direct_sandboxes():
+            for container_id in [c["Id"] for c in running] + direct_sandboxes():
                 path = _cpu_usage_file(container_id)
                 if path is not None:
                     with contextlib.suppress(OSError, StopIteration, ValueError):

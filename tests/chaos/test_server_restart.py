@@ -9,7 +9,6 @@ is left (a SIGKILLed server's sandboxes are reaped by the next one: their owner 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -22,7 +21,7 @@ import httpx
 import pytest
 
 from sandloop.server.tokens import TokenStore
-from tests.helpers import OCI_BUNDLES
+from tests.helpers import direct_sandboxes, owned_by_pid
 from tests.servers import sandloop_process
 
 BOUND = 90.0
@@ -47,13 +46,7 @@ def _owned_by(pids: list[int], session_id: str) -> list[str]:
         left += [f"volume {v.name}" for v in client.volumes.list(filters={"label": label})]
     finally:
         client.close()
-    for config in Path(OCI_BUNDLES).glob("*/config.json"):
-        try:
-            owner = json.loads(config.read_text()).get("annotations", {}).get("sandloop.owner", "")
-        except (OSError, ValueError):
-            continue
-        if any(f":{pid}:" in owner for pid in pids):
-            left.append(f"bundle {config.parent.name}")
+    left += [f"bundle {name}" for name in direct_sandboxes(owned_by_pid(*pids))]
     if session_id in Path("/proc/mounts").read_text():
         left.append(f"mount of {session_id}")
     return left
@@ -73,57 +66,44 @@ def test_server_dies_mid_burst_then_restarts(sig, tmp_path):
         with lock:
             outcomes.append((kind, outcome, time.monotonic() - started, sound))
 
+    def post(kind: str, path: str, code: str, started: float) -> dict | None:
+        """The JSON answer, or None once the outcome is recorded (no server up, an HTTP error)."""
+        try:
+            r = httpx.post(
+                f"{state['url']}{path}", json={"code": code, "timeout_seconds": 10}, headers=headers, timeout=BOUND
+            )
+        except httpx.TransportError as exc:  # no server up (between the kill and the restart)
+            record(kind, type(exc).__name__, started, True)
+            time.sleep(0.2)
+            return None
+        if r.status_code != 200:
+            # a clean error: the API's {"code", "message"} with a 4xx/5xx
+            record(kind, f"HTTP {r.status_code}", started, r.status_code >= 400 and "code" in r.json())
+            return None
+        body: dict = r.json()
+        return body
+
     def runs(worker: int) -> None:
         i = 0
         while not stop.is_set():
             i += 1
             n = worker * 100_000 + i
             started = time.monotonic()
-            try:
-                r = httpx.post(
-                    f"{state['url']}/v1/runs",
-                    json={"code": f"import time\ntime.sleep(0.1)\nprint({n} * {n})", "timeout_seconds": 10},
-                    headers=headers,
-                    timeout=BOUND,
-                )
-            except httpx.TransportError as exc:  # no server up (between the kill and the restart)
-                record("run", type(exc).__name__, started, True)
-                time.sleep(0.2)
-                continue
-            if r.status_code != 200:
-                record("run", f"HTTP {r.status_code}", started, r.status_code >= 400 and "error" in r.json())
-                continue
-            body = r.json()
-            right = body["exit_code"] == 0 and body["stdout"] == f"{n * n}\n"
-            record("run", "ok" if right else "failed run", started, right or body["exit_code"] != 0)
+            body = post("run", "/v1/runs", f"import time\ntime.sleep(0.1)\nprint({n} * {n})", started)
+            if body is not None:
+                right = body["exit_code"] == 0 and body["stdout"] == f"{n * n}\n"
+                record("run", "ok" if right else "failed run", started, right or body["exit_code"] != 0)
 
     def cells(session_id: str) -> None:
         i = 0
         while not stop.is_set():
             i += 1
             started = time.monotonic()
-            try:
-                r = httpx.post(
-                    f"{state['url']}/v1/sessions/{session_id}/cells",
-                    json={"code": f"{i} * 3", "timeout_seconds": 10},
-                    headers=headers,
-                    timeout=BOUND,
-                )
-            except httpx.TransportError as exc:
-                record("cell", type(exc).__name__, started, True)
-                time.sleep(0.2)
-                continue
-            if r.status_code != 200:
-                record("cell", f"HTTP {r.status_code}", started, r.status_code >= 400)
-                continue
-            body = r.json()
-            right = body.get("value") == str(i * 3)
-            record(
-                "cell",
-                "ok" if right else "failed cell",
-                started,
-                right or body.get("interpreter_restarted") or body["exit_code"] != 0,
-            )
+            body = post("cell", f"/v1/sessions/{session_id}/cells", f"{i} * 3", started)
+            if body is not None:
+                right = body.get("value") == str(i * 3)
+                sound = right or body.get("interpreter_restarted") or body["exit_code"] != 0
+                record("cell", "ok" if right else "failed cell", started, bool(sound))
 
     pids: list[int] = []
     with sandloop_process("serve", home=tmp_path) as (port, first):

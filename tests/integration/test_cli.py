@@ -88,6 +88,7 @@ def test_a_stopped_server_leaves_no_warm_sandbox(tmp_path, args):
     import httpx
 
     from sandloop.server.tokens import TokenStore
+    from tests.helpers import direct_sandboxes, owned_by_pid
     from tests.servers import sandloop_process
 
     secret, _ = TokenStore(tmp_path / "tokens.sqlite").create("t")
@@ -118,30 +119,15 @@ def test_a_stopped_server_leaves_no_warm_sandbox(tmp_path, args):
                 for c in client.api.containers(all=True, filters={"label": "sandloop.owner"})
                 if f":{proc.pid}:" in c["Labels"]["sandloop.owner"]
             ]
-            direct = _direct_sandboxes_of(proc.pid)  # the direct backend's (no Docker container)
+            direct = direct_sandboxes(owned_by_pid(proc.pid))  # the direct backend's (no Docker container)
             assert mine or direct, "the server kept no warm sandbox: nothing to check"
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after its shutdown
             left = [cid for cid in mine if _exists(client, cid)]
-            left += [sid for sid in direct if sid in _direct_sandboxes_of(proc.pid)]
+            left += [sid for sid in direct if sid in direct_sandboxes(owned_by_pid(proc.pid))]
         finally:
             client.close()
     assert left == []
-
-
-def _direct_sandboxes_of(pid: int) -> list[str]:
-    import json
-    from pathlib import Path
-
-    found = []
-    for config in Path("/run/sandloop/oci/bundles").glob("*/config.json"):
-        try:
-            owner = json.loads(config.read_text()).get("annotations", {}).get("sandloop.owner", "")
-        except (OSError, ValueError):
-            continue
-        if f":{pid}:" in owner:
-            found.append(config.parent.name)
-    return found
 
 
 def _exists(client, container_id: str) -> bool:

@@ -78,8 +78,6 @@ class DirectSandbox:
     destroyed: bool = False
     destroyed_at: float = 0.0
     writer: threading.Thread | None = None
-    #: A collector a kernel would carry (unused: sessions run on Docker); kept for symmetry.
-    collector: protocol.Collector | None = None
 
 
 def _cgroup_dirs(sandbox_id: str) -> list[Path]:
