@@ -136,3 +136,16 @@ def test_layers_above_the_runtime_import_no_backend():
                     ):
                         offenders.append(f"{path.relative_to(src)}: {name}")
     assert offenders == []
+
+
+def test_a_bad_setting_is_a_clear_usage_error_not_a_traceback():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SANDLOOP_BACKEND": "ocii"}
+    p = subprocess.run(
+        [sys.executable, "-m", "sandloop", "run", "-"], input="print(1)", env=env, capture_output=True, text=True
+    )
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "invalid setting: SANDLOOP_BACKEND" in p.stderr and "'oci'" in p.stderr

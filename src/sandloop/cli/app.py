@@ -13,6 +13,8 @@ sandbox itself failed (no engine, no image, bad arguments); 2 for usage errors.
 
 from __future__ import annotations
 
+import sys
+
 from sandloop.cli import images, run, serve, session, tokens  # noqa: F401 - they register their commands
 from sandloop.cli.common import app
 
@@ -20,7 +22,16 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
-    app()
+    from pydantic import ValidationError
+
+    try:
+        app()
+    except ValidationError as exc:  # SANDLOOP_* read by Settings: say which and what is allowed
+        problems = "; ".join(
+            f"SANDLOOP_{'_'.join(str(p) for p in e['loc'][:1]).upper()}: {e['msg']}" for e in exc.errors()
+        )
+        print(f"sandloop: invalid setting: {problems}. See `sandloop --help` and docs/runtimes.md.", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
