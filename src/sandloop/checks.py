@@ -54,6 +54,7 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
             else f"the {info.name} backend's workspaces have no size cap"
         )
         checks.append(Check("session quotas", "off", detail, essential=False))
+    checks.append(_leftovers(root))
     image = root.image
     have_image = root.backend.has_image(image)
     if have_image:
@@ -72,6 +73,22 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
             except SandboxError as exc:
                 checks.append(Check(f"run on {rt}", "failed", str(exc)))
     return checks
+
+
+def _leftovers(root: Sandloop) -> Check:
+    """Sandboxes the engine already failed to remove (any process's): found here, fixed by hand."""
+    from sandloop.pool.reaper import STUCK_ADVICE
+
+    try:
+        stuck = [item for item in root.backend.owned() if item.stuck]
+    except SandboxError as exc:
+        return Check("leftovers", "failed", f"could not list sandloop's sandboxes: {exc}", essential=False)
+    if not stuck:
+        return Check("leftovers", "ok", "no sandbox the engine failed to remove", essential=False)
+    ids = ", ".join(f"{item.id[:12]} ({item.stuck})" for item in stuck[:5])
+    more = f" and {len(stuck) - 5} more" if len(stuck) > 5 else ""
+    detail = f"{len(stuck)} sandbox(es) the engine failed to remove: {ids}{more}; {STUCK_ADVICE}"
+    return Check("leftovers", "failed", detail, essential=False)
 
 
 def healthy(checks: list[Check]) -> bool:

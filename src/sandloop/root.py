@@ -41,6 +41,15 @@ class ReapReport:
     items: list[Reaped] = field(default_factory=list)
     expired_sessions: list[str] = field(default_factory=list)
 
+    @property
+    def removed(self) -> list[Reaped]:
+        return [i for i in self.items if not i.error]
+
+    @property
+    def unremovable(self) -> list[Reaped]:
+        """What the backend refused to remove (see ``pool.reaper.STUCK_ADVICE``)."""
+        return [i for i in self.items if i.error]
+
 
 class Sandloop:
     def __init__(self, settings: Settings | None = None, *, backend: FullBackend | None = None) -> None:

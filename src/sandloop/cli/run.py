@@ -164,16 +164,23 @@ def reap(
         report = default_root().reap(dry_run=dry_run)
     except SandboxError as exc:
         raise _fail(str(exc)) from None
+    from sandloop.pool.reaper import STUCK_ADVICE
+
     table = Table("kind", "id", "purpose", "owner", "reason")
-    for item in report.items:
+    for item in report.removed:
         table.add_row(item.kind, item.id[:12], item.purpose, item.owner, item.reason)
     for sid in report.expired_sessions:
         table.add_row("session", sid, "session", "", "idle past its ttl")
-    found = len(report.items) + len(report.expired_sessions)
+    found = len(report.removed) + len(report.expired_sessions)
     if found:
         out.print(table)
     verb = "would remove" if dry_run else "removed"
     out.print(f"{verb} {found} item(s)")
+    if report.unremovable:
+        for item in report.unremovable:
+            err.print(f"[red]could not remove[/] {item.kind} {item.id[:12]} ({item.purpose}): {item.error}")
+        err.print(f"{len(report.unremovable)} item(s) could not be removed: {STUCK_ADVICE}")
+        raise typer.Exit(1)
 
 
 @app.command("languages")

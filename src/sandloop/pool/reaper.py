@@ -1,8 +1,10 @@
 """The reaper: removes what sandloop created and nobody will clean up.
 
 A sandbox or workspace is reaped when it carries sandloop's labels and either its expiry has
-passed or its owner process (on this host) is gone — e.g. SIGKILLed mid-run. Nothing without a
-``sandloop.owner`` label is ever touched.
+passed, its owner process (on this host) is gone — e.g. SIGKILLed mid-run — or the backend already
+failed to remove it (Docker's "dead"). Nothing without a ``sandloop.owner`` label is ever touched.
+What the backend cannot remove is reported with what to do (``Reaped.error``), once per reap; it
+is not retried in a loop.
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ class Reaped:
     owner: str
     purpose: str
     reason: str
+    #: Why the backend could not remove it (empty when it was removed, or on a dry run).
+    error: str = ""
+
+
+#: What an operator can do about a sandbox the engine refuses to remove.
+STUCK_ADVICE = (
+    "restart the engine (scripts/engine-up.sh, or systemctl restart docker) and run `sandloop reap` "
+    "again; if it stays, its root file system is held or protected: `docker rm -f ID` shows why"
+)
 
 
 def _verdict(labels: dict[str, str], now: float) -> str | None:
@@ -42,11 +53,10 @@ def reap(backend: Housekeeping, *, dry_run: bool = False, now: float | None = No
     found: list[Reaped] = []
     for item in backend.owned():
         labels = item.labels
-        reason = _verdict(dict(labels), now)
+        reason = f"the engine failed to remove it ({item.stuck})" if item.stuck else _verdict(dict(labels), now)
         if reason is None:
             continue
         owner, purpose = labels.get(f"{LABEL_PREFIX}owner", ""), labels.get(f"{LABEL_PREFIX}purpose", "")
-        found.append(Reaped(item.kind, item.id, owner, purpose, reason))
-        if not dry_run:
-            backend.remove(item)
+        error = "" if dry_run else (backend.remove(item) or "")
+        found.append(Reaped(item.kind, item.id, owner, purpose, reason, error))
     return found

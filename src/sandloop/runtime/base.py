@@ -111,6 +111,9 @@ class Owned:
     kind: str  # "sandbox" or "workspace"
     id: str
     labels: Mapping[str, str]
+    #: Non-empty when the backend already failed to remove it (Docker's "dead" or "Removal In
+    #: Progress"): the engine's own word for its state.
+    stuck: str = ""
 
 
 #: The handle type of one backend (each backend's ``launch`` returns its own).
@@ -180,7 +183,9 @@ class Housekeeping(Protocol):
         """Everything of this backend that carries a ``sandloop.owner`` label."""
         ...
 
-    def remove(self, item: Owned) -> None: ...
+    def remove(self, item: Owned) -> str | None:
+        """Remove it; ``None`` when it is gone, else why the backend could not. Never raises."""
+        ...
 
     def remove_labelled(self, label: str, value: str) -> int:
         """Remove every sandbox labelled ``label=value``; how many there were."""

@@ -327,7 +327,7 @@ class FakeBackend:
             out += [Owned("workspace", name, dict(labels)) for name, (_, labels) in self._workspaces.items()]
         return out
 
-    def remove(self, item: Owned) -> None:
+    def remove(self, item: Owned) -> str | None:
         if item.kind == "sandbox":
             with self._lock:
                 sandbox = self._sandboxes.get(item.id)
@@ -338,6 +338,7 @@ class FakeBackend:
                 found = self._workspaces.pop(item.id, None)
             if found is not None:
                 shutil.rmtree(found[0], ignore_errors=True)
+        return None
 
     def remove_labelled(self, label: str, value: str) -> int:
         with self._lock:

@@ -329,23 +329,41 @@ class DockerBackend:
         label = f"{LABEL_PREFIX}owner"
         with engine_errors():
             out = [
-                Owned("sandbox", c["Id"], c.get("Labels") or {})
+                Owned("sandbox", c["Id"], c.get("Labels") or {}, _stuck(c))
                 for c in self.api.containers(all=True, filters={"label": label})
             ]
             volumes = self.api.volumes(filters={"label": label}).get("Volumes") or []
             out += [Owned("workspace", v["Name"], v.get("Labels") or {}) for v in volumes]
         return out
 
-    def remove(self, item: Owned) -> None:
-        if item.kind == "sandbox":
-            self._remove(item.id)
-            return
+    def remove(self, item: Owned) -> str | None:
+        if item.kind == "sandbox":  # the reaper reports a failure: no retries behind its back
+            error = self._remove(item.id, retry=False)
+            if error and "already in progress" in error:  # its owner is removing it right now
+                error = self._gone_within(item.id, 10.0, error)
+            return error
         try:
             self.api.remove_volume(item.id, force=True)
         except docker.errors.NotFound:
             pass
         except Exception as exc:  # noqa: BLE001 - reaping is best effort
             log.warning("could not remove volume %s: %s", item.id, exc)
+            return str(exc)
+        return None
+
+    def _gone_within(self, container_id: str, seconds: float, error: str) -> str | None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                self.api.inspect_container(container_id)
+            except docker.errors.NotFound:
+                with self._graveyard_lock:
+                    self._graveyard.pop(container_id, None)
+                return None
+            except Exception:  # noqa: BLE001 - the error we already have says enough
+                break
+            time.sleep(0.2)
+        return error
 
     def remove_labelled(self, label: str, value: str) -> int:
         with engine_errors():
@@ -363,19 +381,24 @@ class DockerBackend:
             self.breaker.failed(exc)
             raise
 
-    def _remove(self, container_id: str) -> bool:
+    def _remove(self, container_id: str, *, retry: bool = True) -> str | None:
         """Best effort: never raises, so it cannot mask the error that got us here. A removal that
         failed (engine down or overloaded) is remembered and retried by ``retry_removals`` (and as
         soon as the engine answers again); one the engine refuses ``GIVE_UP_AFTER`` times while
-        answering (a dead container whose root is busy) is reported once and left to the operator."""
+        answering (a dead container whose root is busy) is reported once and left to the operator.
+        ``None`` when the container is gone, else the engine's reason."""
         if container_id in self.unremovable:
-            return False
+            return self.unremovable[container_id]
         try:
             self.api.remove_container(container_id, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except Exception as exc:  # noqa: BLE001 - cleanup must not raise
             engine_away = not isinstance(exc, docker.errors.APIError)
+            if not retry:
+                if engine_away:
+                    self.breaker.failed(exc)
+                return _engine_message(exc)
             with self._graveyard_lock:
                 failures = self._graveyard.get(container_id, 0) + (0 if engine_away else 1)
                 self._graveyard[container_id] = failures
@@ -396,11 +419,11 @@ class DockerBackend:
                 log.warning("could not remove container %s: %s (will retry)", container_id[:12], exc)
             if engine_away:
                 self.breaker.failed(exc)
-            return False
+            return str(exc)
         with self._graveyard_lock:
             self._graveyard.pop(container_id, None)
             self._live.discard(container_id)
-        return True
+        return None
 
     def retry_removals(self) -> int:
         with self._graveyard_lock:
@@ -432,3 +455,16 @@ class DockerBackend:
             self._remove(c["Id"])
             n += 1
         return n
+
+
+def _stuck(container: dict[str, Any]) -> str:
+    """Docker's word for a container whose removal already failed ("Dead", "Removal In Progress")."""
+    if container.get("State") in ("dead", "removing"):
+        return str(container.get("Status") or container["State"])
+    return ""
+
+
+def _engine_message(exc: Exception) -> str:
+    """The engine's own explanation, without docker-py's HTTP preamble."""
+    explanation = getattr(exc, "explanation", None)
+    return str(explanation or exc)

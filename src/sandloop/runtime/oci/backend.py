@@ -642,15 +642,16 @@ class OCIBackend:
     def owned(self) -> list[Owned]:
         return self.docker.owned() + self._bundles()
 
-    def remove(self, item: Owned) -> None:
+    def remove(self, item: Owned) -> str | None:
         if item.kind == "sandbox" and (self.state / "bundles" / item.id).is_dir():
             self.host_problem()  # knows the runtimes' paths
             try:
                 self._delete(item.id, item.labels.get(RUNTIME_LABEL, "runc"))
             except Exception as exc:  # noqa: BLE001 - reaping is best effort
                 log.warning("could not remove %s: %s", item.id, exc)
-            return
-        self.docker.remove(item)
+                return str(exc)
+            return None
+        return self.docker.remove(item)
 
     def remove_labelled(self, label: str, value: str) -> int:
         n = self.docker.remove_labelled(label, value)
