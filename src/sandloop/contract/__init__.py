@@ -2,6 +2,7 @@
 
 from sandloop.contract.errors import (
     EngineUnavailable,
+    HostDiskFull,
     ImageMissing,
     InvalidArgument,
     InvalidLimits,
@@ -26,6 +27,7 @@ __all__ = [
     "SessionNotFound",
     "TooLarge",
     "WorkspaceFileNotFound",
+    "HostDiskFull",
     "WorkspaceFull",
     "EngineUnavailable",
     "ExecutionResult",

@@ -14,6 +14,7 @@ sandbox itself cannot do its job::
     │       └── TooLarge            data over a size cap (a file, an upload, an archive's expansion)
     ├── WorkspaceFileNotFound       no such file in the session's workspace (also FileNotFoundError)
     ├── WorkspaceFull               the session's workspace quota is used up
+    ├── HostDiskFull                the host's disk cannot back a workspace or an image export
     ├── SessionNotFound             no live session with that id (deleted or expired)
     └── SandboxBusy                 admission control refused the run; retry later
 
@@ -96,6 +97,14 @@ class WorkspaceFull(SandboxError):
     """The session's workspace is full (its quota is used up); delete files or use a larger quota."""
 
     code = "workspace_full"
+
+
+class HostDiskFull(SandboxError):
+    """The host's disk has too little free space for what was asked (a session's workspace, the
+    direct backend's image export): free space there, delete sessions, or ask for a smaller quota."""
+
+    code = "host_disk_full"
+    retryable = True
 
 
 class WorkspaceFileNotFound(SandboxError, FileNotFoundError):

@@ -13,6 +13,7 @@ STATUS = {
     "path_refused": 400,
     "too_large": 413,
     "workspace_full": 507,
+    "host_disk_full": 507,
     "invalid_argument": 400,
     "invalid_limits": 400,
     "unknown_language": 400,

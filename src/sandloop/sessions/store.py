@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from sandloop.contract import SessionNotFound
+from sandloop.contract import HostDiskFull, SessionNotFound
 from sandloop.paths import default_home
 from sandloop.runtime.base import Housekeeping, WorkspaceRef, Workspaces
 from sandloop.runtime.labels import SESSION_LABEL
@@ -75,8 +76,14 @@ class SessionStore:
     def save(self, record: SessionRecord) -> None:
         path = self._dir(record.id) / "session.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(record)))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(asdict(record)))
+            os.replace(tmp, path)  # the old record stays whole until the new one is
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if exc.errno == errno.ENOSPC:
+                raise HostDiskFull(f"cannot save session {record.id}: the disk under {self.root} is full") from None
+            raise
 
     def touch(self, record: SessionRecord) -> None:
         """Restart the idle clock. Written at most once a second (or per 1% of the TTL): a cell

@@ -44,7 +44,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sandloop.contract import CellResult, ExecutionResult, SandboxError, SandboxLimits
+from sandloop.contract import CellResult, ExecutionResult, HostDiskFull, SandboxError, SandboxLimits
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.docker import DockerBackend, LiveSandbox
@@ -125,6 +125,7 @@ class OCIBackend:
         self.workspaces = docker.workspaces
         self.state = state
         self.fallback = fallback
+        self._store_full_said = -1e9  # when the store's full disk was last logged
         self.store = RootfsStore(store / "images", lambda: self.docker.api)
         self.templates = Templates(store / "templates", self._capture, self._salt)
         self._problem: str | None = None
@@ -308,7 +309,16 @@ class OCIBackend:
     def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> DirectSandbox | LiveSandbox:
         if not self._direct(spec):
             return self.docker.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
-        rootfs = self.store.rootfs(spec.image)
+        try:
+            rootfs = self.store.rootfs(spec.image)
+        except HostDiskFull as exc:  # the store's disk is full: Docker's own may not be
+            if not self.fallback:
+                raise
+            now = time.monotonic()
+            if now - self._store_full_said > 60:
+                self._store_full_said = now
+                log.warning("running through Docker until the store can be exported: %s", exc)
+            return self.docker.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
         self._prefetch(rootfs)
         template = self.templates.get(spec)
         runtime = spec.limits.runtime
@@ -376,7 +386,8 @@ class OCIBackend:
         Docker's layers, since both serve runs)."""
         self.docker.prefetch_image(image, wait=wait, force=force)
         if self.host_problem() is None:
-            self._prefetch(self.store.rootfs(image), wait=wait, force=force)
+            with contextlib.suppress(HostDiskFull):  # then runs go through Docker (see launch)
+                self._prefetch(self.store.rootfs(image), wait=wait, force=force)
 
     @staticmethod
     def _own_memory_cgroup(sandbox_id: str, config: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import subprocess
 import threading
@@ -20,9 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandloop.contract import SandboxError
+from sandloop.contract import HostDiskFull, SandboxError
 
 log = logging.getLogger(__name__)
+
+#: Left free beside an export (the image's size is its size on Docker's disk; the tree is close).
+EXPORT_RESERVE = 64 * 1024 * 1024
 
 
 def _mounted(path: Path) -> bool:
@@ -56,8 +60,22 @@ class RootfsStore:
             self._ready[image] = path
             return path
 
+    def _check_space(self, image: str, size: int) -> None:
+        """Refuse before writing when the export cannot fit (with a reserve): a full disk is found
+        out at once, not after hundreds of megabytes written and removed again."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        st = os.statvfs(self.directory)
+        free = st.f_bavail * st.f_frsize
+        if size + EXPORT_RESERVE > free:
+            raise HostDiskFull(
+                f"cannot export {image} ({size >> 20} MiB) for the direct backend: the disk under "
+                f"{self.directory} has {free >> 20} MiB free; free space there, or move the store "
+                f'to a roomier disk (SANDLOOP_BACKEND=\'{{"type": "oci", "store": PATH}}\')'
+            )
+
     def _export(self, image: str, image_id: str, path: Path) -> None:
         api = self._api()
+        self._check_space(image, int(api.inspect_image(image).get("Size") or 0))
         tmp = self.directory / f".export-{image_id[:12]}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True, mode=0o700)
         container = api.create_container(image, command=["true"], network_disabled=True)["Id"]
@@ -71,14 +89,21 @@ class RootfsStore:
             try:
                 for chunk in api.export(container, chunk_size=1024 * 1024):
                     tar.stdin.write(chunk)
+            except BrokenPipeError:
+                pass  # tar gave up (its own error says why, below)
             finally:
-                tar.stdin.close()
+                with contextlib.suppress(BrokenPipeError):
+                    tar.stdin.close()
                 err = tar.stderr.read() if tar.stderr else b""
                 rc = tar.wait()
             if rc != 0:
-                raise SandboxError(
-                    f"exporting {image} for the direct backend failed: {err.decode(errors='replace')[-300:]}"
-                )
+                said = err.decode(errors="replace")[-300:]
+                if "No space left" in said:
+                    raise HostDiskFull(
+                        f"exporting {image} for the direct backend filled the disk under {self.directory}; "
+                        f"free space there, or move the store: {said}"
+                    )
+                raise SandboxError(f"exporting {image} for the direct backend failed: {said}")
             tmp.chmod(0o755)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp.rename(path)
