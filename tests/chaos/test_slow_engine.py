@@ -1,0 +1,83 @@
+"""Chaos: an engine that stops answering for a while (SIGSTOP of dockerd, or of containerd under
+it) in the middle of a burst of runs and session cells, then goes on (SIGCONT).
+
+Admission control and timeouts must hold: more callers than slots, so the extra ones are told
+``SandboxBusy`` after the queue wait instead of piling up; every request ends within its bound in
+a correct result, a failed run or a clear ``SandboxError`` (never a wrong result, never a hang);
+runs work again once the engine answers; and nothing is left once the root is closed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from sandloop import Sandloop, Settings
+from tests.chaos.load import RUN_TIMEOUT, Load, leftovers, pid_of
+
+ENGINE_TIMEOUT = 5.0
+STALL = 8.0
+QUEUE_WAIT = 2.0
+#: Its own timeout, then engine calls that each give up, and the queue wait.
+BOUND = RUN_TIMEOUT + 4 * ENGINE_TIMEOUT + QUEUE_WAIT
+
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.docker,
+    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("dockerd"), reason="needs root and a local dockerd"),
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["docker", "oci"])
+@pytest.mark.parametrize("stalled", ["dockerd", "containerd"])
+def test_a_stalled_engine_mid_burst(stalled, backend, tmp_path):
+    pid = pid_of(stalled)
+    if pid is None:
+        pytest.skip(f"{stalled} is not a local process here")
+    settings = Settings(
+        backend=backend,
+        pool_size=2,
+        home=tmp_path,
+        engine_timeout=ENGINE_TIMEOUT,
+        max_running=3,
+        queue_wait_seconds=QUEUE_WAIT,
+    )
+    root = Sandloop(settings)
+    load = Load(root, workers=6, bound=BOUND)  # 6 run callers + 1 cell caller for 3 slots
+    stopped = False
+    try:
+        load.start()
+        time.sleep(4)
+        stalled_at = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)
+        stopped = True
+        time.sleep(STALL)
+        os.kill(pid, signal.SIGCONT)
+        stopped = False
+        back_at = time.monotonic()
+        deadline = back_at + 60
+        while time.monotonic() < deadline and not load.recovered_since(back_at):
+            time.sleep(0.5)
+        recovered_after = time.monotonic() - back_at
+        time.sleep(2)
+    finally:
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
+        load.finish()
+        root.close()
+    outcomes = load.outcomes
+    during = [o for o in outcomes if stalled_at < o[4] < back_at + 1]
+    print(
+        f"\n{stalled} stalled {STALL:.0f} s, {backend}: {len(outcomes)} requests {load.summary()}, "
+        f"{len(during)} ended during the stall, longest {max(o[2] for o in outcomes):.1f} s, "
+        f"recovered {recovered_after:.1f} s after"
+    )
+    assert all(o[3] for o in outcomes), [o for o in outcomes if not o[3]]  # never a wrong result
+    assert max(o[2] for o in outcomes) < BOUND, "a request took longer than its bound"
+    assert load.recovered_since(back_at), "runs never recovered"
+    assert leftovers(load.sessions) == []
