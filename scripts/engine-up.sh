@@ -23,13 +23,18 @@ runsc_registered() { timeout 10 docker info --format '{{json .Runtimes}}' 2>/dev
 # into EPERM and every new thread fails (Node aborts, Python cannot start threads); gVisor's own
 # syscall implementation is the boundary there. A daemon.json this script wrote (marked by the
 # platform flag) is brought up to date; anyone else's is left alone.
+# runsc-egress is the same plus --host-uds=open, for sandboxes with an egress allowlist: still no
+# network, but the sandbox may connect to host Unix sockets mounted into it (only its egress
+# proxy's is: see src/sandloop/egress/proxy.py).
 RUNSC_ARGS='["--platform=ptrace", "--network=none"]'
+RUNSC_EGRESS_ARGS='["--platform=ptrace", "--network=none", "--host-uds=open"]'
 configure_runsc() {  # $1 = "upgrade-only": never create a config for an engine we did not start
     command -v runsc >/dev/null 2>&1 || return 0
     [ -w /etc ] || return 0
     mkdir -p /etc/docker
     local desired
-    desired="$(printf '{\n  "runtimes": {\n    "runsc": {"path": "%s", "runtimeArgs": %s}\n  }\n}' "$(command -v runsc)" "$RUNSC_ARGS")"
+    desired="$(printf '{\n  "runtimes": {\n    "runsc": {"path": "%s", "runtimeArgs": %s},\n    "runsc-egress": {"path": "%s", "runtimeArgs": %s}\n  }\n}' \
+        "$(command -v runsc)" "$RUNSC_ARGS" "$(command -v runsc)" "$RUNSC_EGRESS_ARGS")"
     if { [ ! -s "$DAEMON_JSON" ] && [ "${1:-}" != upgrade-only ]; } \
         || { [ -s "$DAEMON_JSON" ] && grep -q '"--platform=ptrace"' "$DAEMON_JSON" && [ "$(cat "$DAEMON_JSON")" != "$desired" ]; }; then
         printf '%s\n' "$desired" > "$DAEMON_JSON"

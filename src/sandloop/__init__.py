@@ -10,6 +10,7 @@
 
 from sandloop.contract import (
     CellResult,
+    EgressAttempt,
     EngineUnavailable,
     ExecutionResult,
     HostDiskFull,
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CellResult",
+    "EgressAttempt",
     "EngineUnavailable",
     "ExecutionResult",
     "ImageMissing",

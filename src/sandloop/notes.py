@@ -82,7 +82,25 @@ def sandbox_notes(result: ExecutionResult) -> list[str]:
             f"could not start a process or thread: the sandbox allows at most {limits.pids} at "
             "once. Use fewer workers or threads, and wait for children to finish."
         )
-    if not limits.network and _NETWORK_FAILURE.search(result.stderr):
+    refused: dict[str, str] = {}
+    for attempt in result.egress:
+        if not attempt.allowed:
+            refused.setdefault(f"{attempt.host}:{attempt.port}", attempt.note)
+    for target, why in list(refused.items())[:5]:
+        notes.append(
+            f"refused: {why or target}. Only the hosts on this sandbox's allowlist "
+            f"({', '.join(limits.egress)}) can be reached, over HTTP(S) through its proxy; use one of "
+            "them, or ask for the host to be added."
+        )
+    if len(refused) > 5:
+        notes.append(f"refused: {len(refused) - 5} more destinations (see the result's egress list).")
+    if limits.egress and not refused and _NETWORK_FAILURE.search(result.stderr):
+        notes.append(
+            "network failure: this sandbox reaches only its allowlist "
+            f"({', '.join(limits.egress)}), and only over HTTP(S) through the proxy in HTTP_PROXY / "
+            "HTTPS_PROXY (no DNS, no direct connections). Use an HTTP client that honours those."
+        )
+    elif not limits.network and not limits.egress and _NETWORK_FAILURE.search(result.stderr):
         notes.append(
             "network failure: this sandbox has no network (no DNS, no outside connections). "
             "Work with data that is already in the sandbox or passed in the code."

@@ -50,4 +50,7 @@ def format_execution(result: ExecutionResult, stream_chars: int = MODEL_STREAM_C
         parts.append("stderr:\n" + clip_for_model(result.stderr, stream_chars))
     for note in sandbox_notes(result):
         parts.append("note: " + note)
+    reached = [f"{a.method} {a.host}:{a.port}" for a in result.egress if a.allowed][:10]
+    if reached:
+        parts.append("egress (allowed): " + ", ".join(reached))
     return "\n".join(parts)

@@ -34,7 +34,12 @@ class DockerConfig(BaseModel):
     def build(self, settings: Settings) -> FullBackend:
         from sandloop.runtime.docker import DockerBackend
 
-        return DockerBackend(self.base_url, call_timeout=settings.engine_timeout, home=settings.home)
+        return DockerBackend(
+            self.base_url,
+            call_timeout=settings.engine_timeout,
+            home=settings.home,
+            egress_hosts=settings.egress_hosts,
+        )
 
 
 class OCIConfig(BaseModel):
@@ -54,7 +59,12 @@ class OCIConfig(BaseModel):
         from sandloop.runtime.docker import DockerBackend
         from sandloop.runtime.oci import OCIBackend
 
-        docker = DockerBackend(self.base_url, call_timeout=settings.engine_timeout, home=settings.home)
+        docker = DockerBackend(
+            self.base_url,
+            call_timeout=settings.engine_timeout,
+            home=settings.home,
+            egress_hosts=settings.egress_hosts,
+        )
         return OCIBackend(docker, store=self.store, state=self.state, fallback=self.fallback)
 
 
@@ -86,6 +96,11 @@ class Settings(BaseSettings):
         None, description="The runtime image; default: the one the recipe in this version builds."
     )
     engine_timeout: float = Field(30, gt=0, description="Seconds any single engine call may take.")
+    egress_hosts: dict[str, str] = Field(
+        default_factory=dict,
+        description="The egress proxy's own name map, trusted as given (an internal mirror): "
+        "'name:port' -> 'ip:port', e.g. {'pypi.internal:443': '10.0.0.5:443'}.",
+    )
     debian_mirror: str | None = Field(
         None, description="Debian mirror for the offline image build; default: the first in this machine's apt sources."
     )

@@ -19,8 +19,10 @@ def test_public_api_is_what_it_should_be():
     assert sorted(sandloop.__all__) == sorted(
         [
             "CellResult",
+            "EgressAttempt",
             "EngineUnavailable",
             "ExecutionResult",
+            "HostDiskFull",
             "ImageMissing",
             "InvalidArgument",
             "InvalidLimits",

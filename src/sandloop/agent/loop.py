@@ -50,6 +50,7 @@ def run_agent(
     max_iterations: int = 10,
     *,
     limits: SandboxLimits | None = None,
+    egress: Sequence[str] | None = None,
     timeout_seconds: float = 30.0,
     tools: Sequence[Tool] | None = None,
     session: Any = None,
@@ -61,11 +62,16 @@ def run_agent(
     ``timeout_seconds``). With ``session`` (a ``sandloop.sessions.Session``) the model gets
     ``execute_code``, ``write_file``, ``read_file`` and ``list_files`` on that session's workspace.
     ``on_event`` is called after each model turn, before each tool call and after each tool result.
+    ``egress`` (hosts, as ``SandboxLimits.egress``) lets the model's programs reach those hosts over
+    HTTP(S) through the egress proxy; a refused attempt comes back to the model as a note.
     """
     if not isinstance(task, str) or not task.strip():
         raise InvalidArgument("task must be a non-empty string")
     if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or max_iterations < 1:
         raise InvalidArgument(f"max_iterations must be a positive integer, got {max_iterations!r}")
+    if egress is not None:
+        base = limits or SandboxLimits()
+        limits = SandboxLimits(**{**base.model_dump(), "egress": tuple(egress)})
     if tools is None:
         tools = (
             session_tools(session, default_timeout=timeout_seconds)

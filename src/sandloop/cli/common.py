@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from sandloop.contract import ExecutionResult
 from sandloop.notes import sandbox_notes
@@ -113,4 +114,16 @@ def _print_result(result: ExecutionResult, as_json: bool) -> None:
     sys.stderr.flush()
     for note in sandbox_notes(result):
         if not note.startswith("the program ran and printed nothing"):
-            err.print(f"[yellow]sandloop:[/] {note}", soft_wrap=True)
+            err.print(f"[yellow]sandloop:[/] {escape(note)}", soft_wrap=True)
+    for attempt in result.egress[:20]:  # what the program reached, or tried to
+        verdict = "[green]allowed[/]" if attempt.allowed else "[red]refused[/]"
+        note = f" - {escape(attempt.note)}" if attempt.note else ""
+        err.print(
+            f"[dim]sandloop egress:[/] {verdict} {attempt.method} {escape(attempt.host)}:{attempt.port} "
+            f"({attempt.bytes_out} B out, {attempt.bytes_in} B in){note}",
+            soft_wrap=True,
+            markup=True,
+            highlight=False,
+        )
+    if len(result.egress) > 20:
+        err.print(f"[dim]sandloop egress:[/] {len(result.egress) - 20} more (--json lists them all)")

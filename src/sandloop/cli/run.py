@@ -41,6 +41,14 @@ def run(
         bool, typer.Option("--network/--no-network", help="Give the sandbox a network (off by default).")
     ] = False,
     runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor).")] = "runc",
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow",
+            help="A host the program may reach over HTTP(S), through sandloop's egress proxy (repeat it): "
+            "pypi.org, *.example.com, host:8443. Its only way out; every attempt is reported.",
+        ),
+    ] = None,
     input_file: Annotated[
         Path | None,
         typer.Option(
@@ -61,7 +69,7 @@ def run(
     source, lang, stdin_taken = _program(file, code, language)
     stdin_data = _program_stdin(input_file, stdin_taken)
     try:
-        limits = SandboxLimits(memory=memory, cpus=cpus, network=network, runtime=runtime)
+        limits = SandboxLimits(memory=memory, cpus=cpus, network=network, runtime=runtime, egress=tuple(allow or ()))
         result = run_code(source, lang, timeout, limits=limits, stdin=stdin_data)
     except SandboxError as exc:
         if as_json:
@@ -113,6 +121,10 @@ def agent(
     save: Annotated[
         Path | None, typer.Option("--save", help="Write the transcript as JSON Lines to this file.")
     ] = None,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option("--allow", help="A host the model's programs may reach over HTTP(S) (repeatable)."),
+    ] = None,
 ) -> None:
     """Let a model solve TASK by writing and running code in the sandbox, shown as it happens."""
     from sandloop.agent import run_agent
@@ -124,7 +136,7 @@ def agent(
     if provider not in PROVIDERS:
         raise _fail(f"unknown provider {provider!r}; choose one of: {', '.join(PROVIDERS)}", 2)
     try:
-        limits = SandboxLimits(memory=memory, runtime=runtime)
+        limits = SandboxLimits(memory=memory, runtime=runtime, egress=tuple(allow or ()))
         client = make_client(provider, model or DEFAULT_MODELS[provider], base_url=base_url)
     except (SandboxError, ProviderError) as exc:
         raise _fail(str(exc), 2) from None

@@ -78,6 +78,14 @@ def mcp(
     port: Annotated[int, typer.Option("--port")] = 8765,
     runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor).")] = "runc",
     memory: Annotated[str, typer.Option("--memory")] = "256m",
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow",
+            help="A host every run may reach over HTTP(S) through the egress proxy (repeatable). The operator "
+            "chooses, not the model; over http a token must also permit it (tokens create --egress).",
+        ),
+    ] = None,
 ) -> None:
     """Serve sandloop as MCP tools (run code, sessions, files) for MCP clients.
 
@@ -91,7 +99,7 @@ def mcp(
     if transport not in ("stdio", "http"):
         raise _fail("--transport must be stdio or http", 2)
     try:
-        limits = SandboxLimits(runtime=runtime, memory=memory)
+        limits = SandboxLimits(runtime=runtime, memory=memory, egress=tuple(allow or ()))
     except SandboxError as exc:
         raise _fail(str(exc), 2) from None
     from sandloop.root import shutdown

@@ -28,6 +28,14 @@ def tokens_create(
         list[str] | None,
         typer.Option("--provider-url", help="Restrict agent runs to these of the server's endpoint URLs (repeatable)."),
     ] = None,
+    egress: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--egress",
+            help="Hosts this token's runs may put on their egress allowlist (repeatable: pypi.org, *.example.com, "
+            "'any'). Without it, the token's runs get no network at all.",
+        ),
+    ] = None,
 ) -> None:
     """Create a token; the secret is printed once."""
     from sandloop.server.providers import normalize_url
@@ -47,6 +55,7 @@ def tokens_create(
             agent_tokens_per_day=agent_tokens_per_day,
             agent_max_iterations=agent_max_iterations,
             provider_urls=urls,
+            egress=tuple(egress or ()),
         )
     except (TokenError, ValueError) as exc:
         raise _fail(str(exc), 2) from None

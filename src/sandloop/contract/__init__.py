@@ -1,5 +1,6 @@
 """Contract types. Imports nothing from backends, front ends or providers: dependencies point here."""
 
+from sandloop.contract.egress import EgressAttempt
 from sandloop.contract.errors import (
     EngineUnavailable,
     HostDiskFull,
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "Artifact",
     "CellResult",
+    "EgressAttempt",
     "PathRefused",
     "SessionNotFound",
     "TooLarge",

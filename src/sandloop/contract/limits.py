@@ -8,12 +8,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sandloop.contract.egress import normalize_rule
 from sandloop.contract.errors import InvalidLimits
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([bkmg]?)b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 _USER = re.compile(r"^\d{1,10}(:\d{1,10})?$")
 
+#: Most rules in one egress allowlist.
+MAX_EGRESS_RULES = 64
 #: Docker refuses memory limits below 6 MiB.
 MIN_MEMORY_BYTES = 6 * 1024**2
 
@@ -53,6 +56,11 @@ class SandboxLimits(BaseModel):
     network: bool = Field(
         False, description="Give the sandbox a network (bridge). Off: no sockets but loopback, no DNS."
     )
+    egress: tuple[str, ...] = Field(
+        (),
+        description="Hosts the sandbox may reach over HTTP(S) through sandloop's egress proxy, e.g. "
+        "('pypi.org', '*.githubusercontent.com:443'); its only way out. Empty: no network at all.",
+    )
     memory: str = Field("256m", description="Memory ceiling; the kernel OOM-kills at it.")
     memory_swap: str | None = Field(
         None, description="Memory plus swap ceiling. None means equal to memory: no swap headroom."
@@ -82,6 +90,18 @@ class SandboxLimits(BaseModel):
                 f"{'.'.join(str(p) for p in err['loc']) or 'limits'}: {err['msg']}" for err in exc.errors()
             )
             raise InvalidLimits(f"invalid SandboxLimits: {problems}") from None
+
+    @field_validator("egress", mode="before")
+    @classmethod
+    def _egress(cls, v: object) -> tuple[str, ...]:
+        if isinstance(v, str):
+            v = (v,)
+        if not isinstance(v, list | tuple):
+            raise ValueError("egress is a list of hostnames, e.g. ['pypi.org', '*.example.com:443']")
+        rules = tuple(dict.fromkeys(normalize_rule(rule) for rule in v))
+        if len(rules) > MAX_EGRESS_RULES:
+            raise ValueError(f"egress has {len(rules)} rules; at most {MAX_EGRESS_RULES}")
+        return rules
 
     @field_validator("memory", "tmpfs_size", mode="before")
     @classmethod
@@ -138,6 +158,11 @@ class SandboxLimits(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SandboxLimits:
+        if self.network and self.egress:
+            raise ValueError(
+                "network=True gives the whole network and egress an allowlist: choose one "
+                "(an allowlist needs network=False)"
+            )
         mem = parse_size(self.memory)
         if mem < MIN_MEMORY_BYTES:
             raise ValueError(f"memory must be at least 6m (the engine's minimum), got {self.memory}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from sandloop.contract.egress import EgressAttempt
 from sandloop.contract.limits import SandboxLimits
 
 
@@ -37,6 +38,9 @@ class ExecutionResult(BaseModel):
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     backend: str | None = Field(
         None, description="What started the sandbox: 'docker', 'oci' (runc started directly) or 'fake'."
+    )
+    egress: list[EgressAttempt] = Field(
+        default_factory=list, description="Every outbound request through the egress proxy (limits.egress)."
     )
 
     @computed_field  # type: ignore[prop-decorator]

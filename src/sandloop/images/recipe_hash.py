@@ -9,7 +9,16 @@ from pathlib import Path
 RECIPE_DIR = Path(__file__).with_name("recipe")
 #: Files that make up the base (debootstrap + wheels) and the full runtime image.
 BASE_FILES = ("packages.txt", "requirements.txt")
-RUNTIME_FILES = ("Dockerfile", "launcher.py", "kernel.py", "sandloop_stdio.py", "sandloop_stdio.pth", *BASE_FILES)
+RUNTIME_FILES = (
+    "Dockerfile",
+    "launcher.py",
+    "kernel.py",
+    "egress_relay.py",
+    "egress-fetch.js",
+    "sandloop_stdio.py",
+    "sandloop_stdio.pth",
+    *BASE_FILES,
+)
 #: Bump to force a rebuild when the build procedure itself changes.
 BUILD_VERSION = "1"
 SUITE = "bookworm"

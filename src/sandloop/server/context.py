@@ -14,6 +14,7 @@ from fastapi.security import HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from sandloop.contract import SandboxError, SandboxLimits, parse_size
+from sandloop.contract.egress import covers
 from sandloop.present import result_json
 from sandloop.server.errors import ApiError, error_for
 from sandloop.server.models import LimitsIn
@@ -97,7 +98,17 @@ class Api:
                 raise ApiError(400, "invalid_argument", str(exc)) from None
             if memory > ceiling:
                 raise ApiError(403, "over_token_limit", f"this token may ask for at most {token.max_memory} of memory")
-        return SandboxLimits(memory=memory, cpus=wanted.cpus, pids=wanted.pids, runtime=wanted.runtime)
+        try:
+            egress = SandboxLimits(egress=wanted.egress).egress
+        except SandboxError as exc:
+            raise ApiError(400, "invalid_limits", str(exc)) from None
+        beyond = [rule for rule in egress if not covers(token.egress, rule)]
+        if beyond:
+            policy = ", ".join(token.egress) or "none: no egress at all"
+            raise ApiError(
+                403, "egress_refused", f"this token may not reach {', '.join(beyond)} (its egress policy: {policy})"
+            )
+        return SandboxLimits(memory=memory, cpus=wanted.cpus, pids=wanted.pids, runtime=wanted.runtime, egress=egress)
 
     # -- sessions a token owns -----------------------------------------------------------------
     def owned(self, token: Token, session_id: str) -> "Session":

@@ -27,6 +27,7 @@ from mcp_types import CallToolResult, ImageContent, TextContent
 
 from sandloop import languages
 from sandloop.contract import SandboxError, SandboxLimits, SessionNotFound, parse_size
+from sandloop.contract.egress import covers
 from sandloop.present import format_execution
 from sandloop.server.quota import QuotaError, RateWindow, check_session_room
 from sandloop.server.tokens import Token, TokenStore
@@ -80,6 +81,8 @@ def create_mcp_server(
     core_run = root.run_code
 
     lim = limits or SandboxLimits()
+    # Sessions have no egress yet (the proxy lives in one process; a session is reattached from others).
+    session_limits = lim.model_copy(update={"egress": ()})
     server = MCPServer("sandloop", instructions=INSTRUCTIONS, version="0.1.0")
     langs = ", ".join(languages.names())
     rates = RateWindow()
@@ -94,6 +97,9 @@ def create_mcp_server(
             return
         if token is None:  # RequestGuard refuses these first; this is a backstop
             raise QuotaError(401, "unauthorized", "this server needs a bearer token")
+        beyond = [rule for rule in lim.egress if not covers(token.egress, rule)]
+        if beyond:
+            raise QuotaError(403, "egress_refused", f"this token may not reach {', '.join(beyond)}")
         with rates.use(token):
             yield token
 
@@ -125,7 +131,7 @@ def create_mcp_server(
                 mine = tokens.sessions_of(token.id)
                 live = [r.quota_bytes for r in root.list_sessions() if r.id in mine]
                 check_session_room(token, live, parse_size(quota))
-            s = root.create_session(lim, ttl=ttl_seconds, quota=quota)
+            s = root.create_session(session_limits, ttl=ttl_seconds, quota=quota)
             if token is not None and tokens is not None:
                 tokens.own(s.id, token.id)
             s.close()

@@ -33,13 +33,20 @@ class _In(BaseModel):
 
 
 class LimitsIn(_In):
-    """The limits a caller may ask for, within its token's ceilings. No network over the API.
+    """The limits a caller may ask for, within its token's ceilings. No open network over the API:
+    at most the egress allowlist the token's policy permits.
     Left out, memory is 256m (or the token's ceiling, if lower)."""
 
     memory: str | None = Field(None, pattern=SIZE_PATTERN, max_length=20)
     cpus: float = Field(0.5, gt=0, le=2, allow_inf_nan=False)
     pids: int = Field(64, ge=8, le=1024)
     runtime: Literal["runc", "runsc"] = "runc"
+    egress: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Hosts the run may reach over HTTP(S) through sandloop's egress proxy (within the token's "
+        "egress policy), e.g. ['pypi.org', '*.example.com:443']; every attempt is returned in `egress`.",
+    )
 
 
 _TIMEOUT = Field(

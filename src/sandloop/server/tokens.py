@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sandloop.contract import parse_size
+from sandloop.contract.egress import ANY, normalize_rule
 from sandloop.paths import default_home
 
 SCHEMA = """
@@ -62,6 +63,7 @@ _ADDED_COLUMNS = {
     "agent_tokens_per_day": "INTEGER NOT NULL DEFAULT 1000000",
     "agent_max_iterations": "INTEGER NOT NULL DEFAULT 20",
     "provider_urls": "TEXT NOT NULL DEFAULT '[]'",
+    "egress": "TEXT NOT NULL DEFAULT '[]'",
 }
 
 
@@ -86,6 +88,8 @@ class Token:
     agent_max_iterations: int = 20
     #: Provider endpoints this token's agent runs may use (a subset of the server's); () = all listed.
     provider_urls: tuple[str, ...] = field(default=())
+    #: Egress rules this token's runs may ask for (``any`` for all); () = no egress at all.
+    egress: tuple[str, ...] = field(default=())
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,7 @@ class TokenStore:
     def _token(row: sqlite3.Row) -> Token:
         values = {name: row[name] for name in _LIMIT_FIELDS}
         values["provider_urls"] = tuple(json.loads(values["provider_urls"]))
+        values["egress"] = tuple(json.loads(values["egress"]))
         return Token(row["id"], row["name"], row["created"], row["revoked"], **values)
 
     def create(self, name: str, **limits: object) -> tuple[str, Token]:
@@ -152,6 +157,12 @@ class TokenStore:
         unknown = set(limits) - set(_LIMIT_FIELDS)
         if unknown:
             raise TokenError(f"unknown token limits: {', '.join(sorted(unknown))}")
+        try:
+            limits["egress"] = tuple(
+                dict.fromkeys(r if r == ANY else normalize_rule(str(r)) for r in limits.get("egress") or ())  # type: ignore[attr-defined]
+            )
+        except ValueError as exc:
+            raise TokenError(str(exc)) from None
         name = name.strip()
         if not name or name.startswith("tok_"):
             raise TokenError("a token needs a name that does not start with 'tok_'")
@@ -159,6 +170,7 @@ class TokenStore:
         row = dataclasses.asdict(token)
         _validate(row)
         row["provider_urls"] = json.dumps(list(token.provider_urls))
+        row["egress"] = json.dumps(list(token.egress))
         secret = "sl_" + secrets.token_urlsafe(32)
         row["hash"] = _hash(secret)
         with self._lock:

@@ -94,6 +94,11 @@ class Session:
             limits = limits or SandboxLimits()
             if not isinstance(limits, SandboxLimits):
                 raise InvalidArgument("limits must be a SandboxLimits")
+            if limits.egress:  # its proxy lives in one process; a session is reattached from others
+                raise InvalidArgument(
+                    "egress allowlists work for runs (run_code, sandloop run --allow), not yet for sessions: "
+                    "fetch what the session needs with a run, then upload it"
+                )
             if (
                 isinstance(ttl, bool)
                 or not isinstance(ttl, int | float)

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandloop.contract import CellResult, ExecutionResult, SandboxError, SandboxLimits
+from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, SandboxError, SandboxLimits
 from sandloop.images.recipe_hash import RECIPE_DIR
 from sandloop.paths import default_home
 from sandloop.runtime import protocol
@@ -121,6 +121,10 @@ class FakeBackend:
         return found[0]
 
     def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> FakeSandbox:
+        if spec.limits.egress:  # its processes have the host's network: it must not pretend to hold them
+            raise InvalidArgument(
+                "the test double (fake backend) has no egress proxy: use the docker or oci backend for egress"
+            )
         sandbox_id = f"fake-{os.getpid()}-{next(_ids)}"
         directory = self.root / sandbox_id
         (directory / "tmp").mkdir(parents=True)

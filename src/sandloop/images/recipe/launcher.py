@@ -158,6 +158,10 @@ def main():
 
 
 if __name__ == "__main__":
+    if os.environ.get("SANDLOOP_EGRESS_SOCKET"):  # an allowlist: its relay, before any code runs
+        import egress_relay
+
+        egress_relay.start()
     if sys.argv[1:] == ["--kernel"]:  # a session's stateful interpreter: see kernel.py
         sys.modules["launcher"] = sys.modules["__main__"]
         import kernel

@@ -13,7 +13,8 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from typing import Any
 import docker
 import docker.errors
 from sandloop.contract import CellResult, EngineUnavailable, ExecutionResult, SandboxError, SandboxLimits
+from sandloop.egress import EgressProxy
+from sandloop.egress.proxy import egress_state
 from sandloop.paths import default_home
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
@@ -56,6 +59,8 @@ class LiveSandbox:
     writer: threading.Thread | None = None
     #: A session interpreter's collector for its last cell (output after its end line carries over).
     collector: protocol.Collector | None = None
+    #: Its key with the egress proxy, when it has an allowlist.
+    egress: str | None = None
 
     @property
     def sock(self) -> socket.socket:
@@ -67,8 +72,17 @@ class DockerBackend:
 
     name = "docker"
 
-    def __init__(self, base_url: str | None = None, *, call_timeout: float = 30.0, home: Path | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        call_timeout: float = 30.0,
+        home: Path | None = None,
+        egress_hosts: Mapping[str, str] | None = None,
+    ) -> None:
         self._base_url = base_url
+        self._egress_hosts = dict(egress_hosts or {})
+        self._egress: EgressProxy | None = None
         self._call_timeout = call_timeout
         self._api: docker.APIClient | None = None
         self._lock = threading.Lock()
@@ -108,8 +122,20 @@ class DockerBackend:
         self.retry_removals()
         self.sweep_orphans()
 
+    @property
+    def egress(self) -> EgressProxy:
+        """The egress proxy, started on first use (a sandbox with an allowlist)."""
+        with self._lock:
+            if self._egress is None:
+                self._egress = EgressProxy(egress_state(), hosts=self._egress_hosts)
+                self._egress.collect_garbage()
+            return self._egress
+
     def close(self) -> None:
         with self._lock:
+            if self._egress is not None:
+                self._egress.shutdown()
+                self._egress = None
             if self._api is not None:
                 with contextlib.suppress(Exception):
                     self._api.close()
@@ -183,9 +209,14 @@ class DockerBackend:
         self.prefetch_image(spec.image)
         container_id: str | None = None
         attached: Any = None
+        egress: str | None = None
         try:
+            egress_dir = None
+            if spec.limits.egress:
+                egress = f"e-{uuid.uuid4().hex[:20]}"
+                egress_dir = str(self.egress.open(egress, spec.limits.egress))
             with self._watch(), engine_errors(spec.image, spec.limits.runtime):
-                kwargs = container_config(api, spec, purpose, lifetime_seconds)
+                kwargs = container_config(api, spec, purpose, lifetime_seconds, egress_dir)
                 if spec.command:
                     # A long-lived interpreter: stdin must stay open when one attached client goes.
                     config = api.create_container_config(**kwargs)
@@ -197,12 +228,14 @@ class DockerBackend:
                     self._live.add(container_id)
                 attached = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
                 api.start(container_id)
-            return LiveSandbox(container_id, SocketChannel(attached), spec, time.monotonic())
+            return LiveSandbox(container_id, SocketChannel(attached), spec, time.monotonic(), egress=egress)
         except BaseException:
             if attached is not None:
                 SocketChannel(attached).close()
             if container_id is not None:
                 self._remove(container_id)
+            if egress is not None:
+                self.egress.close(egress)
             raise
 
     def is_alive(self, sandbox: LiveSandbox) -> bool:
@@ -231,9 +264,12 @@ class DockerBackend:
             with engine_errors(request.image, request.limits.runtime), contextlib.suppress(docker.errors.APIError):
                 self.api.kill(sandbox.id)
 
-        return protocol.run_program(
+        result = protocol.run_program(
             sandbox.channel, request, send=send, exit_status=exit_status, stop=stop, started=started, backend=self.name
         )
+        if sandbox.egress is not None:
+            result = result.model_copy(update={"egress": self.egress.attempts(sandbox.egress)})
+        return result
 
     # -- a session's interpreter ---------------------------------------------------------------
     def run_cell(
@@ -288,6 +324,8 @@ class DockerBackend:
         if sandbox.writer is not None:
             sandbox.writer.join(5)  # closing the socket unblocks a write the code never read
         self._remove(sandbox.id)
+        if sandbox.egress is not None:
+            self.egress.close(sandbox.egress)
 
     @staticmethod
     def _send(sock: socket.socket, payload: bytes) -> threading.Thread | None:

@@ -8,6 +8,7 @@ from importlib import resources
 from typing import Any
 
 from docker.types import LogConfig, Mount, Ulimit
+from sandloop.egress.proxy import SANDBOX_DIR, sandbox_env
 from sandloop.runtime.base import SandboxSpec
 from sandloop.runtime.labels import owner_labels
 
@@ -33,9 +34,25 @@ def seccomp_options(profile: str) -> list[str]:
     return [f"seccomp={_sandloop_seccomp()}"] if profile == "sandloop" else []
 
 
-def container_config(api: Any, spec: SandboxSpec, purpose: str = "run", lifetime_seconds: float = 60) -> dict[str, Any]:
-    """create_container keyword arguments for ``spec``."""
+#: The runsc runtime entry for sandboxes with an egress allowlist: still ``--network=none``, plus
+#: ``--host-uds=open`` so the sandbox can connect to the one host Unix socket mounted into it (its
+#: egress proxy's). Registered by scripts/engine-up.sh beside plain ``runsc``.
+RUNSC_EGRESS = "runsc-egress"
+
+
+def container_config(
+    api: Any, spec: SandboxSpec, purpose: str = "run", lifetime_seconds: float = 60, egress_dir: str | None = None
+) -> dict[str, Any]:
+    """create_container keyword arguments for ``spec`` (``egress_dir``: its egress proxy's socket
+    directory, for a sandbox with an allowlist)."""
     limits = spec.limits
+    mounts = [Mount(target, volume, type="volume", read_only=False) for volume, target in spec.volumes]
+    environment = dict(SANDBOX_ENV)
+    runtime: str = limits.runtime
+    if egress_dir is not None:
+        mounts.append(Mount(SANDBOX_DIR, egress_dir, type="bind", read_only=True))
+        environment.update(sandbox_env())
+        runtime = RUNSC_EGRESS if runtime == "runsc" else runtime
     ulimits = [Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)]
     pids_limit = limits.pids
     if limits.runtime == "runsc":
@@ -58,17 +75,17 @@ def container_config(api: Any, spec: SandboxSpec, purpose: str = "run", lifetime
         security_opt=["no-new-privileges:true", *seccomp_options(limits.seccomp)],
         ipc_mode="private",
         ulimits=ulimits,
-        mounts=[Mount(target, volume, type="volume", read_only=False) for volume, target in spec.volumes],
+        mounts=mounts,
         # Output reaches us over the attach stream; a log driver would copy a flood to disk.
         log_config=LogConfig(type=LogConfig.types.NONE),
-        runtime=limits.runtime,
+        runtime=runtime,
     )
     return {
         "image": spec.image,
         "command": list(spec.command) or None,
         "stdin_open": True,  # docker-py also sets StdinOnce: our EOF closes the code's stdin
         "user": limits.user,
-        "environment": dict(SANDBOX_ENV),
+        "environment": environment,
         "working_dir": spec.cwd,
         "hostname": "sandbox",
         "network_disabled": not limits.network,

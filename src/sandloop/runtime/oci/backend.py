@@ -252,6 +252,8 @@ class OCIBackend:
             return f"runtime {spec.limits.runtime} runs through Docker"
         if spec.limits.network:
             return "network=True runs through Docker"
+        if spec.limits.egress:
+            return "egress allowlists run through Docker"
         if spec.volumes or spec.command:
             return "sessions run through Docker"
         key = replace(spec, labels=())
@@ -263,7 +265,7 @@ class OCIBackend:
         why = self.why_not_direct(spec)
         if why is None:
             return True
-        if not self.fallback and not (spec.volumes or spec.command or spec.limits.network):
+        if not self.fallback and not (spec.volumes or spec.command or spec.limits.network or spec.limits.egress):
             raise SandboxError(f"the direct OCI backend cannot run this: {why} (set fallback to use Docker)")
         return False
 

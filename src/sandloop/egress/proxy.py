@@ -1,0 +1,402 @@
+"""The egress proxy: a sandbox's only way out when it has an allowlist (``SandboxLimits.egress``).
+
+One proxy per process serves every such sandbox, on its own event loop thread. Each sandbox gets
+its own Unix socket (``<state>/<key>/proxy.sock``) and that directory bind-mounted into it; the
+sandbox has no network interface but loopback, so there is no route and no DNS server to reach, and
+the socket it connects through is its identity (nothing to forge or strip). Inside, the launcher
+relays ``127.0.0.1:3128`` to the socket and ``HTTP_PROXY``/``HTTPS_PROXY`` point there.
+
+For each request the proxy checks, in order: the host and port against the sandbox's rules; for
+a tunnel (CONNECT), that the TLS ClientHello's SNI names the same host; and that the destination
+does not resolve inward (loopback, private, link-local, the metadata address, anything not
+globally routable) unless that address is itself on the list. It resolves names itself and
+connects to the address it checked (no second lookup for a rebinding answer to slip into).
+Names the operator maps (``hosts``: ``"name:port" -> "ip:port"``) are trusted as given. Refusals
+are an HTTP 403 whose body says why; every attempt is recorded with the bytes each way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from sandloop.contract.egress import EgressAttempt, allows
+from sandloop.runtime.labels import owner_id
+
+log = logging.getLogger(__name__)
+
+#: Where the socket appears inside the sandbox (the launcher and the image know it).
+SANDBOX_DIR = "/run/sandloop-egress"
+SOCKET_NAME = "proxy.sock"
+#: The relay's address inside the sandbox.
+RELAY = "127.0.0.1:3128"
+#: Most attempts kept per sandbox (the rest are counted).
+MAX_ATTEMPTS = 1000
+HEAD_LIMIT = 64 * 1024
+CONNECT_TIMEOUT = 10.0
+
+Resolver = Callable[[str, int], list[str]]
+
+
+def egress_state() -> Path:
+    """Where sandboxes' proxy sockets live: a short path (a socket's is limited to 107 bytes)."""
+    if os.geteuid() == 0:
+        return Path("/run/sandloop/egress")
+    return Path(tempfile.gettempdir()) / f"sandloop-egress-{os.getuid()}"
+
+
+def system_resolve(host: str, port: int) -> list[str]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def sandbox_env() -> dict[str, str]:
+    """The environment that points a sandbox's tools at its relay."""
+    url = f"http://{RELAY}"
+    return {
+        "SANDLOOP_EGRESS_SOCKET": f"{SANDBOX_DIR}/{SOCKET_NAME}",
+        "HTTP_PROXY": url,
+        "HTTPS_PROXY": url,
+        "http_proxy": url,
+        "https_proxy": url,
+        "NO_PROXY": "",
+        "no_proxy": "",
+        "PIP_PROXY": url,
+        "npm_config_proxy": url,
+        "npm_config_https_proxy": url,
+        "NODE_OPTIONS": "--require /opt/sandloop/egress-fetch.js",
+    }
+
+
+class Refused(Exception):
+    pass
+
+
+@dataclass
+class _Attempt:
+    """One attempt, updated while its connection lives (bytes), frozen on read."""
+
+    host: str
+    port: int
+    method: str
+    allowed: bool = True
+    note: str = ""
+    bytes_out: int = 0
+    bytes_in: int = 0
+
+    def frozen(self) -> EgressAttempt:
+        return EgressAttempt(**self.__dict__)
+
+
+@dataclass
+class _Box:
+    rules: tuple[str, ...]
+    server: asyncio.AbstractServer | None = None
+    attempts: list[_Attempt] = field(default_factory=list)
+    dropped: int = 0
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, attempt: _Attempt) -> None:
+        with self.lock:
+            if len(self.attempts) < MAX_ATTEMPTS:
+                self.attempts.append(attempt)
+            else:
+                self.dropped += 1
+
+
+class EgressProxy:
+    def __init__(
+        self, state: Path, *, hosts: Mapping[str, str] | None = None, resolve: Resolver = system_resolve
+    ) -> None:
+        self.state = state
+        self.hosts = {k.lower(): v for k, v in (hosts or {}).items()}
+        self._resolve = resolve
+        self._boxes: dict[str, _Box] = {}
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle (called from any thread) ---------------------------------------------------
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="sandloop-egress", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def _call(self, coro: object, timeout: float = 10.0) -> object:
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop()).result(timeout)  # type: ignore[arg-type]
+
+    def open(self, key: str, rules: tuple[str, ...]) -> Path:
+        """Start serving a sandbox: its directory (to bind-mount at ``SANDBOX_DIR``)."""
+        directory = self.state / key
+        directory.mkdir(parents=True, mode=0o755)
+        directory.chmod(0o755)
+        (directory / "owner.json").write_text(json.dumps({"owner": owner_id(), "created": time.time()}))
+        box = _Box(rules)
+        path = directory / SOCKET_NAME
+
+        async def start() -> asyncio.AbstractServer:
+            return await asyncio.start_unix_server(
+                lambda r, w: self._accept(box, r, w), path=str(path), limit=HEAD_LIMIT
+            )
+
+        try:
+            box.server = self._call(start())  # type: ignore[assignment]
+            path.chmod(0o666)  # the sandbox's user connects; only this directory is mounted
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        with self._lock:
+            self._boxes[key] = box
+        return directory
+
+    def attempts(self, key: str, settle: float = 0.5) -> list[EgressAttempt]:
+        """What the sandbox tried so far. Waits up to ``settle`` seconds for its connections to
+        finish first (the program has ended: its last bytes are still being counted)."""
+        box = self._boxes.get(key)
+        if box is None:
+            return []
+        deadline = time.monotonic() + settle
+        while box.tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with box.lock:
+            return [a.frozen() for a in box.attempts]
+
+    def close(self, key: str) -> None:
+        """Stop serving a sandbox (its open connections too) and remove its directory. Idempotent."""
+        with self._lock:
+            box = self._boxes.pop(key, None)
+        if box is not None and self._loop is not None:
+
+            async def stop() -> None:
+                if box.server is not None:
+                    box.server.close()
+                for task in list(box.tasks):
+                    task.cancel()
+
+            with contextlib.suppress(Exception):
+                self._call(stop())
+        shutil.rmtree(self.state / key, ignore_errors=True)
+
+    def shutdown(self) -> None:
+        for key in list(self._boxes):
+            self.close(key)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def collect_garbage(self) -> list[str]:
+        """Directories of sandboxes whose owner process is gone (SIGKILLed)."""
+        from sandloop.runtime.labels import owner_alive
+
+        removed = []
+        if self.state.is_dir():
+            for directory in self.state.iterdir():
+                try:
+                    owner = json.loads((directory / "owner.json").read_text())["owner"]
+                except (OSError, ValueError, KeyError):
+                    owner = ""
+                if directory.name not in self._boxes and owner_alive(owner) is not True:
+                    shutil.rmtree(directory, ignore_errors=True)
+                    removed.append(directory.name)
+        return removed
+
+    # -- one connection (on the loop) ---------------------------------------------------------
+    def _accept(self, box: _Box, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.ensure_future(self._serve(box, reader, writer))
+        box.tasks.add(task)
+        task.add_done_callback(box.tasks.discard)
+
+    async def _serve(self, box: _Box, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream: asyncio.StreamWriter | None = None
+        attempt: _Attempt | None = None
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+            try:
+                method, host, port, forward = _parse_head(head)
+            except _BadRequest as exc:
+                box.record(_Attempt("?", 0, "?", allowed=False, note=str(exc)))
+                await _reply(writer, 400, str(exc))
+                return
+            attempt = _Attempt(host, port, method)
+            box.record(attempt)
+            if not allows(box.rules, host, port):
+                raise Refused(f"{host}:{port} is not on this sandbox's allowlist ({', '.join(box.rules)})")
+            address = await self._destination(box, host, port)
+            if method == "CONNECT":
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await writer.drain()
+                forward = await _first_bytes(reader)
+                sni = _sni(forward)
+                if sni is not None and sni.lower().rstrip(".") != host:
+                    attempt.allowed = False
+                    attempt.note = f"the TLS server name {sni!r} does not match the tunnel's host {host!r}"
+                    return
+            try:
+                up_reader, up_writer = await asyncio.wait_for(
+                    asyncio.open_connection(address[0], address[1]), CONNECT_TIMEOUT
+                )
+            except (TimeoutError, OSError) as exc:
+                attempt.note = f"could not connect to {host}:{port}: {exc or 'timed out'}"
+                if method != "CONNECT":
+                    await _reply(writer, 502, attempt.note)
+                return
+            upstream = up_writer
+            upstream.write(forward)
+            attempt.bytes_out += len(forward)
+            await asyncio.gather(
+                _pipe(reader, up_writer, attempt, "bytes_out"),
+                _pipe(up_reader, writer, attempt, "bytes_in"),
+                return_exceptions=True,
+            )
+        except Refused as exc:
+            if attempt is not None:
+                attempt.allowed, attempt.note = False, str(exc)
+            await _reply(writer, 403, str(exc))
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            for w in (writer, upstream):
+                if w is not None:
+                    with contextlib.suppress(Exception):
+                        w.close()
+
+    async def _destination(self, box: _Box, host: str, port: int) -> tuple[str, int]:
+        mapped = self.hosts.get(f"{host}:{port}")
+        if mapped is not None:  # the operator's own mapping: trusted as given
+            ip, _, mapped_port = mapped.rpartition(":")
+            return ip.strip("[]"), int(mapped_port)
+        try:
+            literal = ipaddress.ip_address(host)
+        except ValueError:
+            literal = None
+        if literal is not None:  # the rules matched the address itself: it is on the list
+            return str(literal), port
+        loop = asyncio.get_running_loop()
+        try:
+            addresses = await loop.run_in_executor(None, self._resolve, host, port)
+        except OSError as exc:
+            raise Refused(f"{host} does not resolve: {exc}") from None
+        inward = [a for a in addresses if not _global(a) and not allows(box.rules, a, port)]
+        if inward:
+            raise Refused(
+                f"{host} resolves to {inward[0]}, an inward address (loopback, private, link-local or "
+                f"metadata): refused unless that address itself is on the allowlist"
+            )
+        if not addresses:
+            raise Refused(f"{host} does not resolve")
+        return addresses[0], port
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _global(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return bool(ip.is_global)
+
+
+_HOP_BY_HOP = ("proxy-authorization", "proxy-connection", "connection")
+
+
+def _parse_head(head: bytes) -> tuple[str, str, int, bytes]:
+    """(method, host, port, the bytes to send upstream) of a proxy request's head."""
+    lines = head.decode("latin-1").split("\r\n")
+    try:
+        method, target, version = lines[0].split(" ")
+    except ValueError:
+        raise _BadRequest(f"not an HTTP proxy request: {lines[0][:100]!r}") from None
+    if method == "CONNECT":
+        host, _, port = target.rpartition(":")
+        if not port.isdigit() or not host:
+            raise _BadRequest(f"CONNECT needs host:port, got {target[:100]!r}")
+        return method, host.strip("[]").lower().rstrip("."), int(port), b""
+    url = urlsplit(target)
+    if url.scheme != "http" or not url.hostname:
+        raise _BadRequest(
+            f"a proxy request needs an absolute http:// URL (use CONNECT, i.e. an https:// URL, for TLS), "
+            f"got {target[:100]!r}"
+        )
+    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+    headers = [line for line in lines[1:] if line and line.split(":", 1)[0].strip().lower() not in _HOP_BY_HOP]
+    out = "\r\n".join([f"{method} {path} {version}", *headers, "Connection: close", "", ""])
+    return method, url.hostname.lower().rstrip("."), url.port or 80, out.encode("latin-1")
+
+
+async def _first_bytes(reader: asyncio.StreamReader) -> bytes:
+    """The client's first bytes in a tunnel: a whole TLS record when it starts one."""
+    first = await asyncio.wait_for(reader.read(5), 30)
+    if len(first) == 5 and first[0] == 0x16:  # a TLS handshake record
+        length = int.from_bytes(first[3:5], "big")
+        first += await asyncio.wait_for(reader.readexactly(min(length, 1 << 14)), 30)
+    return first
+
+
+def _sni(record: bytes) -> str | None:
+    """The server name of a TLS ClientHello record, or None (not TLS, or no SNI)."""
+    try:
+        if len(record) < 43 or record[0] != 0x16 or record[5] != 0x01:
+            return None
+        i = 5 + 4 + 2 + 32  # record header, handshake header, version, random
+        i += 1 + record[i]  # session id
+        i += 2 + int.from_bytes(record[i : i + 2], "big")  # cipher suites
+        i += 1 + record[i]  # compression methods
+        end = i + 2 + int.from_bytes(record[i : i + 2], "big")
+        i += 2
+        while i + 4 <= end:
+            kind, size = int.from_bytes(record[i : i + 2], "big"), int.from_bytes(record[i + 2 : i + 4], "big")
+            if kind == 0:  # server_name: list length, name type, name length, name
+                n = int.from_bytes(record[i + 7 : i + 9], "big")
+                return record[i + 9 : i + 9 + n].decode("ascii")
+            i += 4 + size
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return None
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, attempt: _Attempt, count: str) -> None:
+    try:
+        while data := await reader.read(1 << 16):
+            writer.write(data)
+            setattr(attempt, count, getattr(attempt, count) + len(data))
+            await writer.drain()
+    finally:
+        with contextlib.suppress(Exception):
+            if writer.can_write_eof():
+                writer.write_eof()
+            else:
+                writer.close()
+
+
+async def _reply(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
+    body = f"sandloop egress: {message}\n".encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    with contextlib.suppress(Exception):
+        writer.write(head.encode() + body)
+        await writer.drain()
+
+
+def sandbox_mount(directory: Path) -> tuple[str, str]:
+    """(host directory, where it goes in the sandbox)."""
+    return str(directory), SANDBOX_DIR

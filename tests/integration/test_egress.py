@@ -1,0 +1,147 @@
+"""Egress by allowlist, proven from inside real sandboxes on runc and runsc (gVisor).
+
+No traffic leaves loopback: the egress proxy's own name map sends the test names (allowed.test,
+other.test) to HTTP and HTTPS servers started here on 127.0.0.1, with a test CA whose certificate
+the programs are given. What the proxy refuses, and what the sandbox cannot do without it (a
+direct connection, DNS), is asserted from inside; what reached the servers is asserted from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sandloop import SandboxLimits, Sandloop, Settings
+from sandloop.egress.proxy import egress_state
+from sandloop.notes import sandbox_notes
+from tests.egress_servers import WHEEL_NAME, Servers
+from tests.helpers import our_containers
+
+
+@pytest.fixture(scope="module")
+def servers():
+    made = Servers()
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="module")
+def root(servers):
+    with Sandloop(Settings(pool_size=0, egress_hosts=servers.hosts())) as made:
+        yield made
+
+
+def _limits(runtime: str, *rules: str) -> SandboxLimits:
+    return SandboxLimits(runtime=runtime, egress=rules)
+
+
+def _python(ca: str, body: str) -> str:
+    return f"import json, os, socket, ssl, sys, urllib.request\nCA = {ca!r}\n{body}"
+
+
+def test_allowed_hosts_over_http_and_https_with_python_and_the_audit(root, servers, runtime):
+    body = """
+ctx = ssl.create_default_context(cadata=CA)
+print(urllib.request.urlopen("http://allowed.test/plain", timeout=20).read().decode(), end="")
+print(urllib.request.urlopen("https://allowed.test/tls", context=ctx, timeout=20).read().decode(), end="")
+import requests
+open("/tmp/ca.pem", "w").write(CA)
+print(requests.get("https://allowed.test/requests", verify="/tmp/ca.pem", timeout=20).text, end="")
+"""
+    r = root.run_code(_python(servers.ca_pem, body), limits=_limits(runtime, "allowed.test"), timeout_seconds=60)
+    assert r.ok, r.stderr
+    assert r.stdout == "hello from http /plain\nhello from https /tls\nhello from https /requests\n"
+    assert [(a.host, a.port, a.method, a.allowed) for a in r.egress] == [
+        ("allowed.test", 80, "GET", True),
+        ("allowed.test", 443, "CONNECT", True),
+        ("allowed.test", 443, "CONNECT", True),
+    ]
+    assert all(a.bytes_out > 0 and a.bytes_in > 0 for a in r.egress)
+
+
+def test_node_fetch_and_pip_go_through_the_proxy(root, servers, runtime):
+    node = (
+        "const ca = process.env.CA_FILE;\n"
+        "fetch('http://allowed.test/node-plain').then(r => r.text()).then(t => process.stdout.write(t))\n"
+        ".then(() => fetch('https://allowed.test/node-tls')).then(r => r.text()).then(t => process.stdout.write(t))\n"
+        ".catch(e => { console.error('FAILED', e, e.cause); process.exit(1); });\n"
+    )
+    script = (
+        f"cat > /tmp/ca.pem <<'EOF'\n{servers.ca_pem}EOF\n"
+        f"cat > /tmp/f.js <<'EOF'\n{node}EOF\n"
+        "NODE_EXTRA_CA_CERTS=/tmp/ca.pem node /tmp/f.js\n"
+        "python3 -m pip download --no-deps --disable-pip-version-check -q -d /tmp/dl "
+        "--index-url http://allowed.test/simple/ --trusted-host allowed.test demo && "
+        "python3 -c 'import os; print(*os.listdir(\"/tmp/dl\"))'\n"  # not ls: gVisor's statx here says EINVAL
+    )
+    r = root.run_code(script, "bash", limits=_limits(runtime, "allowed.test"), timeout_seconds=90)
+    assert r.ok, r.stderr
+    assert r.stdout == f"hello from http /node-plain\nhello from https /node-tls\n{WHEEL_NAME}\n"
+    assert ("http", f"/files/{WHEEL_NAME}") in [(s, p) for s, p, _ in servers.seen.requests]
+
+
+def test_everything_else_is_refused_and_said(root, servers, runtime):
+    body = """
+def attempt(what, f):
+    try:
+        f()
+        print(what, "REACHED")
+    except urllib.error.HTTPError as e:
+        print(what, e.code, e.read().decode().strip())
+    except Exception as e:
+        print(what, type(e).__name__)
+
+import urllib.error
+attempt("unlisted", lambda: urllib.request.urlopen("http://other.test/", timeout=20))
+attempt("inward", lambda: urllib.request.urlopen("http://localhost/", timeout=20))
+attempt("direct-ip", lambda: socket.create_connection(("192.0.2.1", 80), timeout=5))
+attempt("host-bridge", lambda: socket.create_connection(("172.17.0.1", 22), timeout=5))
+attempt("dns", lambda: socket.getaddrinfo("allowed.test", 80))
+raw = socket.create_connection(("127.0.0.1", 3128), timeout=20)  # CONNECT one host, TLS to another
+raw.sendall(b"CONNECT allowed.test:443 HTTP/1.1\\r\\nHost: allowed.test:443\\r\\n\\r\\n")
+head = b""
+while not head.endswith(b"\\r\\n\\r\\n"):
+    head += raw.recv(1)
+attempt("sni", lambda: ssl.create_default_context(cadata=CA).wrap_socket(raw, server_hostname="other.test"))
+"""
+    r = root.run_code(
+        _python(servers.ca_pem, body), limits=_limits(runtime, "allowed.test", "localhost"), timeout_seconds=60
+    )
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert lines["unlisted"].startswith("403 sandloop egress: other.test:80 is not on this sandbox's allowlist")
+    assert lines["inward"].startswith("403 sandloop egress: localhost resolves to 127.0.0.1, an inward address")
+    assert lines["direct-ip"] in ("OSError", "TimeoutError") and lines["host-bridge"] in ("OSError", "TimeoutError")
+    assert lines["dns"] == "gaierror"
+    assert lines["sni"].endswith("Error"), lines  # the tunnel was closed: SSLZeroReturnError, SSLEOFError...
+    refused = [a for a in r.egress if not a.allowed]
+    assert [(a.host, a.port) for a in refused] == [("other.test", 80), ("localhost", 80), ("allowed.test", 443)]
+    assert "does not match" in refused[2].note
+    notes = sandbox_notes(r)
+    assert any(n.startswith("refused: other.test:80 is not on this sandbox's allowlist") for n in notes), notes
+    assert not [h for _, _, h in servers.seen.requests if h.get("Host", "").startswith("other.test")]  # never reached
+
+
+def test_without_an_allowlist_there_is_no_network_and_no_proxy(root, runtime):
+    body = (
+        "import os, socket\n"
+        "print(sorted(k for k in os.environ if 'proxy' in k.lower() or k.startswith('SANDLOOP')))\n"
+        "print(os.path.exists('/run/sandloop-egress'))\n"
+        "try:\n    socket.create_connection(('127.0.0.1', 3128), timeout=3)\n    print('relay')\n"
+        "except OSError as e:\n    print(type(e).__name__)\n"
+    )
+    r = root.run_code(body, limits=SandboxLimits(runtime=runtime))
+    assert r.stdout == "[]\nFalse\nConnectionRefusedError\n" and r.egress == []
+
+
+def test_nothing_is_left_after_egress_runs(root, servers, runtime):
+    before = set(os.listdir(egress_state())) if egress_state().is_dir() else set()
+    for _ in range(3):
+        r = root.run_code("print(1)", limits=_limits(runtime, "allowed.test"))
+        assert r.stdout == "1\n"
+    assert not our_containers(patience=30)  # waits for teardowns, which close the proxy's sockets
+    after = set(os.listdir(egress_state())) if egress_state().is_dir() else set()
+    assert after <= before
+    # the result carries the audit as JSON too (the API and the CLI's --json show this)
+    assert json.loads(r.model_dump_json())["egress"] == []

@@ -1,0 +1,184 @@
+"""The egress proxy on its own, over its Unix socket (no engine): what it allows, refuses and records."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+
+import httpx
+import pytest
+
+from sandloop import InvalidLimits, SandboxLimits, Sandloop, Settings
+from sandloop.contract.egress import allows
+from sandloop.egress import EgressProxy
+from tests.egress_servers import Servers
+
+
+@pytest.fixture(scope="module")
+def servers():
+    made = Servers()
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def proxy(tmp_path, servers):
+    def resolve(host: str, port: int) -> list[str]:  # what a hostile DNS answer would say
+        return {"inward.test": ["127.0.0.1"], "meta.test": ["169.254.169.254"], "lan.test": ["10.1.2.3"]}.get(
+            host, ["203.0.113.9"]
+        )
+
+    made = EgressProxy(tmp_path / "egress", hosts=servers.hosts("allowed.test", "other.test"), resolve=resolve)
+    yield made
+    made.shutdown()
+
+
+def _connect(directory) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(str(directory / "proxy.sock"))
+    return s
+
+
+def _read_all(s) -> bytes:
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
+
+
+def _get(directory, url: str) -> bytes:
+    s = _connect(directory)
+    host = url.split("/")[2] if "://" in url else "x"
+    s.sendall(f"GET {url} HTTP/1.1\r\nHost: {host}\r\nProxy-Authorization: Basic eDp5\r\n\r\n".encode())
+    try:
+        return _read_all(s)
+    finally:
+        s.close()
+
+
+def _tunnel(directory, target: str, server_name: str, ca_pem: str) -> bytes:
+    s = _connect(directory)
+    s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    if b" 200 " not in head.split(b"\r\n")[0]:
+        return head + _read_all(s)
+    context = ssl.create_default_context(cadata=ca_pem)
+    with context.wrap_socket(s, server_hostname=server_name) as tls:
+        tls.sendall(f"GET /x HTTP/1.1\r\nHost: {server_name}\r\nConnection: close\r\n\r\n".encode())
+        return _read_all(tls)
+
+
+def test_rules_are_validated_and_matched():
+    rules = SandboxLimits(egress=["PyPI.org.", "*.example.com:8443", "10.0.0.1:8080"]).egress
+    assert rules == ("pypi.org", "*.example.com:8443", "10.0.0.1:8080")
+    assert allows(rules, "pypi.org", 443) and allows(rules, "pypi.org", 80) and not allows(rules, "pypi.org", 22)
+    assert allows(rules, "a.b.example.com", 8443) and not allows(rules, "example.com", 8443)
+    assert not allows(rules, "evilexample.com", 8443) and allows(rules, "10.0.0.1", 8080)
+    for bad in ("*", "a b", "host:0", "*.com", "ex*ample.com", ""):
+        with pytest.raises(InvalidLimits):
+            SandboxLimits(egress=[bad])
+    with pytest.raises(InvalidLimits, match="choose one"):
+        SandboxLimits(egress=["pypi.org"], network=True)
+
+
+def test_an_allowed_host_is_reached_and_recorded_with_its_bytes(proxy, servers):
+    d = proxy.open("e-test1", ("allowed.test",))
+    reply = _get(d, "http://allowed.test/hello?q=1")
+    assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"hello from http /hello?q=1\n")
+    path, headers = servers.seen.requests[-1][1:]
+    assert path == "/hello?q=1" and "Proxy-Authorization" not in headers  # hop-by-hop headers dropped
+    (attempt,) = proxy.attempts("e-test1")
+    assert (attempt.host, attempt.port, attempt.method, attempt.allowed) == ("allowed.test", 80, "GET", True)
+    assert attempt.bytes_out > 30 and attempt.bytes_in == len(reply)
+
+
+def test_https_through_a_tunnel_and_the_sni_must_match(proxy, servers):
+    d = proxy.open("e-test2", ("allowed.test:443",))
+    assert _tunnel(d, "allowed.test:443", "allowed.test", servers.ca_pem).endswith(b"hello from https /x\n")
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        _tunnel(d, "allowed.test:443", "other.test", servers.ca_pem)  # CONNECT one host, TLS to another
+    first, second = proxy.attempts("e-test2")
+    assert first.allowed and first.bytes_in > 100
+    assert not second.allowed and "does not match" in second.note and "other.test" in second.note
+
+
+def test_unlisted_hosts_ports_and_inward_answers_are_refused_with_the_reason(proxy, servers):
+    d = proxy.open("e-test3", ("allowed.test:443", "inward.test", "meta.test", "lan.test", "127.0.0.1:9"))
+    cases = {
+        "http://other.test/": "is not on this sandbox's allowlist",
+        "http://allowed.test/": "allowed.test:80 is not on",  # the rule names port 443 only
+        "http://inward.test/": "resolves to 127.0.0.1, an inward address",
+        "http://meta.test/latest/meta-data/": "resolves to 169.254.169.254",
+        "http://lan.test/": "resolves to 10.1.2.3",
+        "http://127.0.0.2:9/": "is not on",
+    }
+    for url, why in cases.items():
+        reply = _get(d, url)
+        assert reply.startswith(b"HTTP/1.1 403 Forbidden"), (url, reply)
+        assert why in reply.decode(), (url, reply)
+    assert b"403" in _tunnel(d, "other.test:443", "other.test", servers.ca_pem)
+    attempts = proxy.attempts("e-test3")
+    assert len(attempts) == len(cases) + 1 and not any(a.allowed for a in attempts)
+    assert not [r for r in servers.seen.requests if r[1] == "/latest/meta-data/"]
+
+
+def test_a_listed_address_is_reached_even_inward(proxy, servers):
+    port = servers.http.server_address[1]
+    d = proxy.open("e-test4", (f"127.0.0.1:{port}",))
+    assert _get(d, f"http://127.0.0.1:{port}/direct").startswith(b"HTTP/1.1 200")
+
+
+def test_bad_requests_get_a_400(proxy):
+    d = proxy.open("e-test5", ("allowed.test",))
+    assert _get(d, "/relative").startswith(b"HTTP/1.1 400")
+    s = _connect(d)
+    s.sendall(b"garbage\r\n\r\n")
+    assert _read_all(s).startswith(b"HTTP/1.1 400")
+
+
+def test_closing_removes_the_socket_and_garbage_of_dead_owners_is_collected(proxy, tmp_path):
+    d = proxy.open("e-test6", ("allowed.test",))
+    proxy.close("e-test6")
+    assert not d.exists()
+    stale = tmp_path / "egress" / "e-stale"
+    stale.mkdir(parents=True)
+    (stale / "owner.json").write_text(json.dumps({"owner": "host:1:0"}))
+    live = proxy.open("e-live", ("allowed.test",))
+    assert proxy.collect_garbage() == ["e-stale"] and live.exists()
+
+
+def test_a_tokens_egress_policy_bounds_what_its_runs_may_ask_for(tmp_path):
+    from sandloop.contract.egress import covers
+    from sandloop.server.app import create_app
+    from sandloop.server.tokens import TokenError, TokenStore
+    from tests.servers import serve_in_thread
+
+    policy = ("pypi.org", "*.example.com", "api.x.io:443")
+    assert covers(policy, "pypi.org:443") and covers(policy, "*.a.example.com") and covers(("any",), "z.org")
+    assert not covers(policy, "pypi.org:22") and not covers(policy, "example.com") and not covers(policy, "api.x.io")
+    tokens = TokenStore(tmp_path / "tokens.sqlite")
+    with pytest.raises(TokenError, match="not a hostname"):
+        tokens.create("bad", egress=("not a host",))
+    plain, _ = tokens.create("plain")
+    scoped, token = tokens.create("scoped", egress=("*.Example.com",))
+    assert token.egress == ("*.example.com",)
+    root = Sandloop(Settings(backend="fake", home=tmp_path, pool_size=0))
+    with root, serve_in_thread(create_app(tokens, sandloop=root)) as url:
+
+        def run(secret: str, egress: list[str]) -> httpx.Response:
+            body = {"code": "print(1)", "limits": {"egress": egress}}
+            return httpx.post(f"{url}/v1/runs", json=body, headers={"Authorization": f"Bearer {secret}"})
+
+        r = run(plain, ["pypi.org"])
+        assert (r.status_code, r.json()["code"]) == (403, "egress_refused") and "no egress at all" in r.text
+        r = run(scoped, ["pypi.org"])
+        assert (r.status_code, r.json()["code"]) == (403, "egress_refused") and "*.example.com" in r.text
+        r = run(scoped, ["bad host"])
+        assert (r.status_code, r.json()["code"]) == (400, "invalid_limits")
+        r = run(scoped, ["a.example.com"])  # within the policy: on to the backend (the fake has no proxy)
+        assert r.status_code == 400 and "no egress proxy" in r.json()["message"]
+        assert run(plain, []).json()["stdout"] == "1\n"
