@@ -44,8 +44,9 @@ lint:
 # Side-by-side benchmarks (peers installed into their own venv, never into the main one).
 bench: setup
 	test -x .bench/venv/bin/python || python3 -m venv .bench/venv
-	.bench/venv/bin/pip install --quiet -e . epicbox llm-sandbox "urllib3<2"
+	.bench/venv/bin/pip install --quiet -e . epicbox llm-sandbox "urllib3<2" trustme
 	.bench/venv/bin/python bench/bench.py $(BENCH_ARGS)
+	.bench/venv/bin/python bench/egress.py
 
 # Docker beside the direct OCI backend (issue 12's targets), with HumanEval's data from its wheel.
 bench-backends: setup

@@ -3,8 +3,11 @@
 One proxy per process serves every such sandbox, on its own event loop thread. Each sandbox gets
 its own Unix socket (``<state>/<key>/proxy.sock``) and that directory bind-mounted into it; the
 sandbox has no network interface but loopback, so there is no route and no DNS server to reach, and
-the socket it connects through is its identity (nothing to forge or strip). Inside, the launcher
-relays ``127.0.0.1:3128`` to the socket and ``HTTP_PROXY``/``HTTPS_PROXY`` point there.
+the socket it connects through is its identity (nothing to forge or strip). Inside,
+``HTTP_PROXY``/``HTTPS_PROXY`` point at ``127.0.0.1:3128``: under runc (as root) the proxy listens
+there itself, in the sandbox's network namespace (``listen_in``: no process of the sandbox's in the
+path, nothing charged to its CPU); under gVisor, whose loopback is its own, the launcher relays that
+port to the socket.
 
 For each request the proxy checks, in order: the host and port against the sandbox's rules; for
 a tunnel (CONNECT), that the TLS ClientHello's SNI names the same host; and that the destination
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import ipaddress
 import json
 import logging
@@ -46,6 +50,7 @@ RELAY = "127.0.0.1:3128"
 #: Most attempts kept per sandbox (the rest are counted).
 MAX_ATTEMPTS = 1000
 HEAD_LIMIT = 64 * 1024
+PIPE_CHUNK = 1 << 20
 CONNECT_TIMEOUT = 10.0
 
 Resolver = Callable[[str, int], list[str]]
@@ -63,11 +68,12 @@ def system_resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-def sandbox_env() -> dict[str, str]:
-    """The environment that points a sandbox's tools at its relay."""
+def sandbox_env(relay: bool) -> dict[str, str]:
+    """The environment that points a sandbox's tools at ``RELAY``: served by the launcher's relay
+    to the socket (``relay``), or by the proxy itself inside the sandbox's network namespace."""
     url = f"http://{RELAY}"
     return {
-        "SANDLOOP_EGRESS_SOCKET": f"{SANDBOX_DIR}/{SOCKET_NAME}",
+        **({"SANDLOOP_EGRESS_SOCKET": f"{SANDBOX_DIR}/{SOCKET_NAME}"} if relay else {}),
         "HTTP_PROXY": url,
         "HTTPS_PROXY": url,
         "http_proxy": url,
@@ -105,6 +111,7 @@ class _Attempt:
 class _Box:
     rules: tuple[str, ...]
     server: asyncio.AbstractServer | None = None
+    extra_servers: list[asyncio.AbstractServer] = field(default_factory=list)
     attempts: list[_Attempt] = field(default_factory=list)
     dropped: int = 0
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -165,6 +172,22 @@ class EgressProxy:
             self._boxes[key] = box
         return directory
 
+    def listen_in(self, key: str, pid: int) -> None:
+        """Also serve the sandbox on ``RELAY`` inside the network namespace of process ``pid`` (a
+        runc sandbox's; needs root): its clients then reach the proxy directly, with no relay of
+        its own (measured: the in-sandbox relay added ~5 ms to every CONNECT)."""
+        box = self._boxes[key]
+        listener = _listener_in_netns(pid)
+
+        async def start() -> asyncio.AbstractServer:
+            return await asyncio.start_server(lambda r, w: self._accept(box, r, w), sock=listener, limit=HEAD_LIMIT)
+
+        try:
+            box.extra_servers.append(self._call(start()))  # type: ignore[arg-type]
+        except BaseException:
+            listener.close()
+            raise
+
     def attempts(self, key: str, settle: float = 0.5) -> list[EgressAttempt]:
         """What the sandbox tried so far. Waits up to ``settle`` seconds for its connections to
         finish first (the program has ended: its last bytes are still being counted)."""
@@ -184,8 +207,9 @@ class EgressProxy:
         if box is not None and self._loop is not None:
 
             async def stop() -> None:
-                if box.server is not None:
-                    box.server.close()
+                for server in (box.server, *box.extra_servers):
+                    if server is not None:
+                        server.close()
                 for task in list(box.tasks):
                     task.cancel()
 
@@ -248,7 +272,7 @@ class EgressProxy:
                     return
             try:
                 up_reader, up_writer = await asyncio.wait_for(
-                    asyncio.open_connection(address[0], address[1]), CONNECT_TIMEOUT
+                    asyncio.open_connection(address[0], address[1], limit=PIPE_CHUNK), CONNECT_TIMEOUT
                 )
             except (TimeoutError, OSError) as exc:
                 attempt.note = f"could not connect to {host}:{port}: {exc or 'timed out'}"
@@ -304,6 +328,43 @@ class EgressProxy:
 
 class _BadRequest(Exception):
     pass
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def _listener_in_netns(pid: int) -> socket.socket:
+    """A TCP socket listening on ``RELAY`` in the network namespace of ``pid``. Made on a thread of
+    its own that enters the namespace and then ends (a socket keeps the namespace it was made in;
+    no other thread of this process ever changes namespace)."""
+    made: dict[str, object] = {}
+
+    def make() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+            try:
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns into the sandbox's network namespace: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            host, port = RELAY.split(":")
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, int(port)))
+            sock.listen(128)
+            sock.setblocking(False)
+            made["socket"] = sock
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            made["error"] = exc
+
+    thread = threading.Thread(target=make, name="sandloop-egress-netns")
+    thread.start()
+    thread.join()
+    if "error" in made:
+        raise made["error"]  # type: ignore[misc]
+    return made["socket"]  # type: ignore[return-value]
 
 
 def _global(address: str) -> bool:
@@ -372,8 +433,11 @@ def _sni(record: bytes) -> str | None:
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, attempt: _Attempt, count: str) -> None:
+    # Big reads and a deep write buffer: per-chunk overhead, not bandwidth, is what a Python copy
+    # pays (measured: 64 KiB chunks nearly doubled a 1 MB transfer's time).
+    writer.transport.set_write_buffer_limits(high=PIPE_CHUNK * 4)
     try:
-        while data := await reader.read(1 << 16):
+        while data := await reader.read(PIPE_CHUNK):
             writer.write(data)
             setattr(attempt, count, getattr(attempt, count) + len(data))
             await writer.drain()

@@ -28,7 +28,7 @@ from sandloop.paths import default_home
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.docker.errors import engine_errors
-from sandloop.runtime.docker.hardening import container_config
+from sandloop.runtime.docker.hardening import container_config, egress_relayed
 from sandloop.runtime.docker.health import EngineBreaker
 from sandloop.runtime.docker.stream import SocketChannel
 from sandloop.runtime.docker.workspace import DockerWorkspaces, can_enforce_quotas
@@ -228,6 +228,8 @@ class DockerBackend:
                     self._live.add(container_id)
                 attached = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
                 api.start(container_id)
+                if egress is not None and not egress_relayed(spec.limits):
+                    self.egress.listen_in(egress, int(api.inspect_container(container_id)["State"]["Pid"]))
             return LiveSandbox(container_id, SocketChannel(attached), spec, time.monotonic(), egress=egress)
         except BaseException:
             if attached is not None:

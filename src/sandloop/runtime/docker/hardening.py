@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from importlib import resources
 from typing import Any
 
 from docker.types import LogConfig, Mount, Ulimit
+from sandloop.contract import SandboxLimits
 from sandloop.egress.proxy import SANDBOX_DIR, sandbox_env
 from sandloop.runtime.base import SandboxSpec
 from sandloop.runtime.labels import owner_labels
@@ -40,6 +42,12 @@ def seccomp_options(profile: str) -> list[str]:
 RUNSC_EGRESS = "runsc-egress"
 
 
+def egress_relayed(limits: SandboxLimits) -> bool:
+    """Whether a sandbox with an allowlist reaches the proxy through the launcher's relay and the
+    mounted socket (gVisor, or no root to enter its network namespace) rather than directly."""
+    return limits.runtime == "runsc" or os.geteuid() != 0
+
+
 def container_config(
     api: Any, spec: SandboxSpec, purpose: str = "run", lifetime_seconds: float = 60, egress_dir: str | None = None
 ) -> dict[str, Any]:
@@ -50,8 +58,10 @@ def container_config(
     environment = dict(SANDBOX_ENV)
     runtime: str = limits.runtime
     if egress_dir is not None:
-        mounts.append(Mount(SANDBOX_DIR, egress_dir, type="bind", read_only=True))
-        environment.update(sandbox_env())
+        relayed = egress_relayed(limits)
+        if relayed:
+            mounts.append(Mount(SANDBOX_DIR, egress_dir, type="bind", read_only=True))
+        environment.update(sandbox_env(relayed))
         runtime = RUNSC_EGRESS if runtime == "runsc" else runtime
     ulimits = [Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files)]
     pids_limit = limits.pids
