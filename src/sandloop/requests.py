@@ -4,10 +4,12 @@ Invalid input raises ``InvalidArgument`` (or ``UnknownLanguage``) with what to d
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 
 from sandloop import languages
 from sandloop.contract import DEFAULT_LIMITS, InvalidArgument, SandboxLimits
+from sandloop.contract.egress import Secret, covers
 from sandloop.runtime.base import RunRequest
 from sandloop.settings import runtime_image
 
@@ -50,12 +52,14 @@ def build_request(
     stdin: str | bytes | None = None,
     on_output: Callable[[str, bytes], None] | None = None,
     image: str | None = None,
+    secrets: Mapping[str, Secret] | None = None,
 ) -> RunRequest:
     """Validate ``run_code``'s arguments into a ``RunRequest`` (raises ``SandboxError`` subclasses)."""
     if limits is None:
         limits = DEFAULT_LIMITS
     elif not isinstance(limits, SandboxLimits):
         raise InvalidArgument(f"limits must be a SandboxLimits, got {type(limits).__name__}")
+    checked = _check_secrets(secrets or {}, limits)
     lang = languages.get(language)
     return RunRequest(
         code=_as_bytes(code, "code", MAX_CODE_BYTES),
@@ -65,4 +69,25 @@ def build_request(
         limits=limits,
         stdin=_as_bytes(stdin, "stdin", MAX_STDIN_BYTES),
         on_output=on_output,
+        secrets=checked,
     )
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _check_secrets(secrets: Mapping[str, Secret], limits: SandboxLimits) -> dict[str, Secret]:
+    if not isinstance(secrets, Mapping):
+        raise InvalidArgument("secrets must be a mapping of variable names to Secret(value, hosts=[...])")
+    for name, secret in secrets.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise InvalidArgument(f"secret name {name!r} is not an environment variable name")
+        if not isinstance(secret, Secret):
+            raise InvalidArgument(f"secret {name} must be a sandloop Secret(value, hosts=[...]), not a plain value")
+        unreachable = [h for h in secret.hosts if not covers(limits.egress, h)]
+        if unreachable:
+            raise InvalidArgument(
+                f"secret {name} is for {', '.join(unreachable)}, which this sandbox's egress allowlist "
+                f"({', '.join(limits.egress) or 'empty: no network'}) does not reach; add the host to egress"
+            )
+    return dict(secrets)

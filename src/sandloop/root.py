@@ -18,11 +18,12 @@ or builds a backend.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sandloop.contract import ExecutionResult, SandboxLimits
+from sandloop.contract.egress import Secret
 from sandloop.pool.dispatcher import Dispatcher
 from sandloop.pool.reaper import Reaped, reap
 from sandloop.requests import build_request
@@ -71,10 +72,18 @@ class Sandloop:
         limits: SandboxLimits | None = None,
         stdin: str | bytes | None = None,
         on_output: Callable[[str, bytes], None] | None = None,
+        secrets: Mapping[str, Secret] | None = None,
     ) -> ExecutionResult:
         """Run ``code`` once in a fresh, hardened, throwaway sandbox (see ``sandloop.run_code``)."""
         request = build_request(
-            code, language, timeout_seconds, limits=limits, stdin=stdin, on_output=on_output, image=self.image
+            code,
+            language,
+            timeout_seconds,
+            limits=limits,
+            stdin=stdin,
+            on_output=on_output,
+            image=self.image,
+            secrets=secrets,
         )
         return self.dispatcher.run(request)
 

@@ -39,6 +39,7 @@ class DockerConfig(BaseModel):
             call_timeout=settings.engine_timeout,
             home=settings.home,
             egress_hosts=settings.egress_hosts,
+            egress_upstream_ca=str(settings.egress_upstream_ca) if settings.egress_upstream_ca else None,
         )
 
 
@@ -64,6 +65,7 @@ class OCIConfig(BaseModel):
             call_timeout=settings.engine_timeout,
             home=settings.home,
             egress_hosts=settings.egress_hosts,
+            egress_upstream_ca=str(settings.egress_upstream_ca) if settings.egress_upstream_ca else None,
         )
         return OCIBackend(docker, store=self.store, state=self.state, fallback=self.fallback)
 
@@ -96,6 +98,11 @@ class Settings(BaseSettings):
         None, description="The runtime image; default: the one the recipe in this version builds."
     )
     engine_timeout: float = Field(30, gt=0, description="Seconds any single engine call may take.")
+    egress_upstream_ca: Path | None = Field(
+        None,
+        description="CA bundle the egress proxy verifies destinations with when it reads a run's HTTPS to "
+        "put secrets in (default: the system's).",
+    )
     egress_hosts: dict[str, str] = Field(
         default_factory=dict,
         description="The egress proxy's own name map, trusted as given (an internal mirror): "

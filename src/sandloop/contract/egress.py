@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from sandloop.contract.errors import InvalidArgument
 
 #: Ports a rule without one allows.
 DEFAULT_PORTS = (80, 443)
@@ -109,3 +112,36 @@ class EgressAttempt(BaseModel):
     note: str = Field("", description="Why it was refused, or what failed after it was allowed.")
     bytes_out: int = Field(0, description="Bytes the sandbox sent to the destination.")
     bytes_in: int = Field(0, description="Bytes the destination sent back.")
+
+
+class Secret(BaseModel):
+    """A value code may use but never see: inside the sandbox its variable holds a placeholder,
+    and the egress proxy puts the value in place of it only in requests to ``hosts`` (headers).
+    ``Secret(os.environ["GITHUB_TOKEN"], hosts=["api.github.com"])``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    value: SecretStr
+    hosts: tuple[str, ...]
+
+    def __init__(self, value: str | SecretStr, hosts: Any = (), **data: Any) -> None:
+        try:
+            super().__init__(value=value, hosts=hosts, **data)
+        except ValidationError as exc:
+            raise InvalidArgument("; ".join(str(e["msg"]) for e in exc.errors())) from None
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _hosts(cls, v: object) -> tuple[str, ...]:
+        if isinstance(v, str):
+            v = (v,)
+        if not isinstance(v, list | tuple) or not v:
+            raise ValueError("a secret needs the hosts it may be sent to, e.g. hosts=['api.github.com']")
+        return tuple(normalize_rule(h) for h in v)
+
+    @field_validator("value")
+    @classmethod
+    def _value(cls, v: SecretStr) -> SecretStr:
+        if not v.get_secret_value() or any(c in v.get_secret_value() for c in "\r\n\0"):
+            raise ValueError("a secret's value must be non-empty and one line")
+        return v

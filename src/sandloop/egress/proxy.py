@@ -29,15 +29,18 @@ import logging
 import os
 import shutil
 import socket
+import ssl
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sandloop.contract.egress import EgressAttempt, allows
+from sandloop.contract.egress import EgressAttempt, Secret, allows
+from sandloop.egress.authority import CertificateAuthority
 from sandloop.runtime.labels import owner_id
 
 log = logging.getLogger(__name__)
@@ -113,6 +116,8 @@ class _Box:
     server: asyncio.AbstractServer | None = None
     extra_servers: list[asyncio.AbstractServer] = field(default_factory=list)
     attempts: list[_Attempt] = field(default_factory=list)
+    #: placeholder -> (variable name, secret), for the run in progress.
+    secrets: dict[str, tuple[str, Secret]] = field(default_factory=dict)
     dropped: int = 0
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -127,11 +132,20 @@ class _Box:
 
 class EgressProxy:
     def __init__(
-        self, state: Path, *, hosts: Mapping[str, str] | None = None, resolve: Resolver = system_resolve
+        self,
+        state: Path,
+        *,
+        hosts: Mapping[str, str] | None = None,
+        resolve: Resolver = system_resolve,
+        ca_dir: Path | None = None,
+        upstream_ca: str | None = None,
     ) -> None:
         self.state = state
         self.hosts = {k.lower(): v for k, v in (hosts or {}).items()}
         self._resolve = resolve
+        self._ca_dir = ca_dir or state.parent / "egress-ca"
+        self._upstream_ca = upstream_ca
+        self._authority: CertificateAuthority | None = None
         self._boxes: dict[str, _Box] = {}
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -187,6 +201,48 @@ class EgressProxy:
         except BaseException:
             listener.close()
             raise
+
+    # -- secrets --------------------------------------------------------------------------------
+    @property
+    def authority(self) -> CertificateAuthority:
+        """This install's CA (made on first use, never shipped): what the sandbox trusts when the
+        proxy reads its HTTPS to put secrets in."""
+        with self._lock:
+            if self._authority is None:
+                self._authority = CertificateAuthority(self._ca_dir)
+            return self._authority
+
+    def arm(self, key: str, secrets: Mapping[str, Secret]) -> dict[str, str]:
+        """Hold ``secrets`` for a sandbox's run; returns the placeholders its variables get."""
+        box = self._boxes[key]
+        placeholders = {}
+        for name, secret in secrets.items():
+            placeholder = f"sandloop-secret-{name}-{uuid.uuid4().hex}"
+            box.secrets[placeholder] = (name, secret)
+            placeholders[name] = placeholder
+        return placeholders
+
+    def _with_secrets(self, box: _Box, attempt: _Attempt, head: bytes) -> bytes:
+        """A request head with each placeholder replaced by its value where this host is one of
+        its secret's hosts; a placeholder sent elsewhere is left as it is and flagged."""
+        if not box.secrets:
+            return head
+        text = head.decode("latin-1")
+        notes = []
+        for placeholder, (name, secret) in box.secrets.items():
+            if placeholder not in text:
+                continue
+            if allows(secret.hosts, attempt.host, attempt.port):
+                text = text.replace(placeholder, secret.value.get_secret_value())
+                notes.append(f"secret {name} sent")
+            else:
+                notes.append(
+                    f"carried the placeholder of secret {name} to {attempt.host}, not one of its hosts "
+                    f"({', '.join(secret.hosts)}): not replaced"
+                )
+        if notes:
+            attempt.note = "; ".join(filter(None, [attempt.note, *notes]))
+        return text.encode("latin-1")
 
     def attempts(self, key: str, settle: float = 0.5) -> list[EgressAttempt]:
         """What the sandbox tried so far. Waits up to ``settle`` seconds for its connections to
@@ -261,6 +317,11 @@ class EgressProxy:
             if not allows(box.rules, host, port):
                 raise Refused(f"{host}:{port} is not on this sandbox's allowlist ({', '.join(box.rules)})")
             address = await self._destination(box, host, port)
+            if method == "CONNECT" and box.secrets:  # read the requests to put secrets in
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await writer.drain()
+                upstream = await self._intercept(box, attempt, reader, writer, address)
+                return
             if method == "CONNECT":
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 await writer.drain()
@@ -280,6 +341,7 @@ class EgressProxy:
                     await _reply(writer, 502, attempt.note)
                 return
             upstream = up_writer
+            forward = self._with_secrets(box, attempt, forward)
             upstream.write(forward)
             attempt.bytes_out += len(forward)
             await asyncio.gather(
@@ -298,6 +360,50 @@ class EgressProxy:
                 if w is not None:
                     with contextlib.suppress(Exception):
                         w.close()
+
+    async def _intercept(
+        self,
+        box: _Box,
+        attempt: _Attempt,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        address: tuple[str, int],
+    ) -> asyncio.StreamWriter | None:
+        """A tunnel of a run with secrets: TLS with the sandbox under a certificate for the CONNECT
+        host from this install's CA (an SNI naming another host fails the handshake), the request
+        head read and given its secrets, then TLS to the destination, verified as any client would."""
+        host = attempt.host
+        seen: dict[str, str] = {}
+        try:
+            await writer.start_tls(self.authority.server_context(host, seen))
+        except (ssl.SSLError, OSError) as exc:
+            attempt.allowed = False
+            attempt.note = (
+                f"the TLS server name {seen['sni']!r} does not match the tunnel's host {host!r}"
+                if "sni" in seen
+                else f"TLS with the sandbox failed: {exc}"
+            )
+            return None
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        head = self._with_secrets(box, attempt, _closing(head))
+        client = ssl.create_default_context(cafile=self._upstream_ca)
+        try:
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(address[0], address[1], ssl=client, server_hostname=host, limit=PIPE_CHUNK),
+                CONNECT_TIMEOUT,
+            )
+        except (TimeoutError, OSError) as exc:
+            attempt.note = "; ".join(filter(None, [attempt.note, f"could not reach {host}:{attempt.port}: {exc}"]))
+            await _reply(writer, 502, f"could not reach {host}:{attempt.port}")
+            return None
+        up_writer.write(head)
+        attempt.bytes_out += len(head)
+        await asyncio.gather(
+            _pipe(reader, up_writer, attempt, "bytes_out"),
+            _pipe(up_reader, writer, attempt, "bytes_in"),
+            return_exceptions=True,
+        )
+        return up_writer
 
     async def _destination(self, box: _Box, host: str, port: int) -> tuple[str, int]:
         mapped = self.hosts.get(f"{host}:{port}")
@@ -375,6 +481,14 @@ def _global(address: str) -> bool:
 
 
 _HOP_BY_HOP = ("proxy-authorization", "proxy-connection", "connection")
+
+
+def _closing(head: bytes) -> bytes:
+    """A request head that asks for the connection to close after its response: the next request
+    on a tunnel would otherwise go by unread (and without its secrets)."""
+    lines = head.decode("latin-1").split("\r\n")
+    kept = [line for line in lines[1:] if line and line.split(":", 1)[0].strip().lower() not in _HOP_BY_HOP]
+    return "\r\n".join([lines[0], *kept, "Connection: close", "", ""]).encode("latin-1")
 
 
 def _parse_head(head: bytes) -> tuple[str, str, int, bytes]:

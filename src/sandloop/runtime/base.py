@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sandloop.contract import CellResult, ExecutionResult, SandboxLimits
+from sandloop.contract.egress import Secret
 from sandloop.languages import Language
 
 
@@ -60,6 +61,8 @@ class RunRequest:
     #: Called with ("stdout" | "stderr", bytes) as output arrives (only the bytes kept under the
     #: cap), from the thread running the request; it must not block for long.
     on_output: Callable[[str, bytes], None] | None = field(default=None, compare=False)
+    #: Values the code may use but never see (an egress allowlist names their hosts).
+    secrets: Mapping[str, Secret] = field(default_factory=dict, compare=False)
 
     @property
     def spec(self) -> SandboxSpec:

@@ -24,7 +24,7 @@ import functools
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sandloop.contract import Artifact, CellResult, ExecutionResult, SandboxLimits
@@ -50,10 +50,18 @@ def _frame(header: dict[str, Any], body: bytes) -> bytes:
 
 
 def encode_run(
-    request: RunRequest, nonce: str = "", *, staging_dir: str = STAGING_DIR, cwd: str | None = None
+    request: RunRequest,
+    nonce: str = "",
+    *,
+    staging_dir: str = STAGING_DIR,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    ca_pem: str | None = None,
 ) -> bytes:
     """What the launcher reads on its stdin for one run: header, code, then the program's stdin.
-    ``staging_dir`` and ``cwd`` are paths as the sandbox sees them (a backend may map them)."""
+    ``staging_dir`` and ``cwd`` are paths as the sandbox sees them (a backend may map them).
+    ``env`` is set for the program (secrets' placeholders, never their values); ``ca_pem`` is a CA
+    the program's TLS clients must trust (the egress proxy's, when it reads a run's requests)."""
     header = {
         "argv": list(request.language.command),
         "file": f"{staging_dir}/{request.language.file_name}",
@@ -62,6 +70,10 @@ def encode_run(
         "inproc": request.language.inproc and request.language.image is None,
         "nonce": nonce,
     }
+    if env:
+        header["env"] = dict(env)
+    if ca_pem:
+        header["ca"] = ca_pem
     return _frame(header, request.code + request.stdin)
 
 
@@ -256,6 +268,8 @@ def run_program(
     stop: Callable[[], None],
     started: float,
     backend: str,
+    env: Mapping[str, str] | None = None,
+    ca_pem: str | None = None,
 ) -> ExecutionResult:
     """One run in a started sandbox, whatever carries the bytes: ``send`` the program, collect
     capped output until the end lines, EOF or the deadline, then the exit status. Below 128 it is
@@ -265,7 +279,7 @@ def run_program(
     At the deadline ``stop()`` kills the sandbox and the result is -1, timed out."""
     deadline = time.monotonic() + request.timeout_seconds
     nonce = new_nonce()
-    send(encode_run(request, nonce))
+    send(encode_run(request, nonce, env=env, ca_pem=ca_pem))
     emit = request.on_output
     limit = request.limits.output_limit
     collector = Collector(

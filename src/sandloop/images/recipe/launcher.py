@@ -93,6 +93,22 @@ def finish(nonce, status):
     os._exit(status)
 
 
+def trust(ca_pem):
+    """Trust one more CA (the egress proxy's, which reads this run's HTTPS to put secrets in) in
+    every TLS client here: OpenSSL (Python, curl, git), requests, pip, Node."""
+    bundle = "/tmp/.sandloop-ca.pem"
+    try:
+        with open("/etc/ssl/certs/ca-certificates.crt") as f:
+            system = f.read()
+    except OSError:
+        system = ""
+    fd = os.open(bundle, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(system + "\n" + ca_pem)
+    for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT", "NODE_EXTRA_CA_CERTS"):
+        os.environ[name] = bundle
+
+
 def run_child(argv, nonce):
     pid = os.fork()
     if pid == 0:
@@ -145,6 +161,9 @@ def main():
             f.write(code)
     except OSError as exc:
         fail("could not write the program to %s: %s (is /tmp full? raise tmpfs_size)" % (path, exc.strerror))
+    os.environ.update(header.get("env") or {})  # e.g. secrets' placeholders (never their values)
+    if header.get("ca"):
+        trust(header["ca"])
     cwd = header.get("cwd") or "/tmp"
     try:
         os.chdir(cwd)

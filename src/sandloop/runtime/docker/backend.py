@@ -21,7 +21,14 @@ from typing import Any
 
 import docker
 import docker.errors
-from sandloop.contract import CellResult, EngineUnavailable, ExecutionResult, SandboxError, SandboxLimits
+from sandloop.contract import (
+    CellResult,
+    EngineUnavailable,
+    ExecutionResult,
+    InvalidArgument,
+    SandboxError,
+    SandboxLimits,
+)
 from sandloop.egress import EgressProxy
 from sandloop.egress.proxy import egress_state
 from sandloop.paths import default_home
@@ -79,9 +86,12 @@ class DockerBackend:
         call_timeout: float = 30.0,
         home: Path | None = None,
         egress_hosts: Mapping[str, str] | None = None,
+        egress_upstream_ca: str | None = None,
     ) -> None:
         self._base_url = base_url
         self._egress_hosts = dict(egress_hosts or {})
+        self._egress_upstream_ca = egress_upstream_ca
+        self._home = home or default_home()
         self._egress: EgressProxy | None = None
         self._call_timeout = call_timeout
         self._api: docker.APIClient | None = None
@@ -127,7 +137,12 @@ class DockerBackend:
         """The egress proxy, started on first use (a sandbox with an allowlist)."""
         with self._lock:
             if self._egress is None:
-                self._egress = EgressProxy(egress_state(), hosts=self._egress_hosts)
+                self._egress = EgressProxy(
+                    egress_state(),
+                    hosts=self._egress_hosts,
+                    ca_dir=self._home / "egress-ca",
+                    upstream_ca=self._egress_upstream_ca,
+                )
                 self._egress.collect_garbage()
             return self._egress
 
@@ -266,8 +281,22 @@ class DockerBackend:
             with engine_errors(request.image, request.limits.runtime), contextlib.suppress(docker.errors.APIError):
                 self.api.kill(sandbox.id)
 
+        env, ca_pem = None, None
+        if request.secrets:
+            if sandbox.egress is None:
+                raise InvalidArgument("secrets need an egress allowlist that names their hosts (limits.egress)")
+            env = self.egress.arm(sandbox.egress, request.secrets)  # the code sees placeholders only
+            ca_pem = self.egress.authority.cert_pem
         result = protocol.run_program(
-            sandbox.channel, request, send=send, exit_status=exit_status, stop=stop, started=started, backend=self.name
+            sandbox.channel,
+            request,
+            send=send,
+            exit_status=exit_status,
+            stop=stop,
+            started=started,
+            backend=self.name,
+            env=env,
+            ca_pem=ca_pem,
         )
         if sandbox.egress is not None:
             result = result.model_copy(update={"egress": self.egress.attempts(sandbox.egress)})
