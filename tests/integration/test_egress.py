@@ -208,3 +208,73 @@ def test_secrets_are_checked_before_anything_runs(secret_root, runtime):
         secret_root.run_code("print(1)", limits=_limits(runtime, "allowed.test"), secrets={"1 bad": Secret("v", "x.y")})
     with pytest.raises(InvalidArgument, match="hosts"):
         Secret("v")
+
+
+def test_front_ends_cli_api_and_agent_carry_egress_and_secrets(secret_root, servers, tmp_path, monkeypatch):
+    """`sandloop run --allow --secret`, POST /v1/runs with limits.egress and secrets within the
+    token's policy, and run_agent(egress=, secrets=): the same audit, never the value."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from sandloop.agent import run_agent
+    from sandloop.contract.egress import Secret
+    from sandloop.server.app import create_app
+    from sandloop.server.tokens import TokenStore
+    from sandloop.testing import ScriptedClient, answer, calls, code_call
+    from tests.servers import serve_in_thread
+
+    fetch = (
+        "import os, urllib.request\n"
+        "req = urllib.request.Request('http://allowed.test/{path}', headers={{'X-Key': os.environ['KEY']}})\n"
+        "print(urllib.request.urlopen(req, timeout=20).read().decode(), end='')\n"
+        "try:\n    urllib.request.urlopen('http://other.test/', timeout=20)\nexcept Exception as e:\n    print(e)\n"
+    )
+    env = {
+        **os.environ,
+        "SANDLOOP_EGRESS_HOSTS": json.dumps(servers.hosts()),
+        "MY_KEY": SECRET_VALUE,
+    }
+    # the CLI
+    cli = subprocess.run(
+        [sys.executable, "-m", "sandloop", "run", "--allow", "allowed.test", "--secret", "KEY=MY_KEY@allowed.test",
+         "-c", fetch.format(path="cli")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.startswith("hello from http /cli\nHTTP Error 403") and SECRET_VALUE not in cli.stdout + cli.stderr
+    assert "sandloop egress: allowed GET allowed.test:80" in cli.stderr and "refused GET other.test:80" in cli.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "sandloop", "run", "--allow", "allowed.test", "--secret", "KEY=UNSET_VAR@allowed.test",
+         "-c", "print(1)"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "UNSET_VAR is not set" in bad.stderr
+    # the HTTP API
+    tokens = TokenStore(tmp_path / "tokens.sqlite")
+    secret, _ = tokens.create("agent", egress=("allowed.test", "other.test"))
+    with serve_in_thread(create_app(tokens, sandloop=secret_root)) as url:
+        body = {
+            "code": fetch.format(path="api"),
+            "limits": {"egress": ["allowed.test", "other.test"]},
+            "secrets": {"KEY": {"value": SECRET_VALUE, "hosts": ["allowed.test"]}},
+        }
+        r = httpx.post(f"{url}/v1/runs", json=body, headers={"Authorization": f"Bearer {secret}"}, timeout=120)
+    assert r.status_code == 200 and SECRET_VALUE not in r.text, r.text
+    result = r.json()
+    assert result["stdout"] == "hello from http /api\n"  # other.test is listed here: no error printed
+    assert [(a["host"], a["allowed"]) for a in result["egress"]] == [("allowed.test", True), ("other.test", True)]
+    # the agent loop: the model's code uses the placeholder, a refusal comes back as a note
+    client = ScriptedClient([calls(code_call(fetch.format(path="agent"))), answer("done")])
+    monkeypatch.setattr("sandloop.runner.default_root", lambda: secret_root)
+    run_agent(
+        "fetch it", client, egress=["allowed.test"], secrets={"KEY": Secret(SECRET_VALUE, hosts=["allowed.test"])}
+    )
+    tool_text = str(client.transcripts[1][-1])
+    assert "hello from http /agent" in tool_text and "refused: other.test:80 is not on" in tool_text
+    assert "egress (allowed): GET allowed.test:80" in tool_text and SECRET_VALUE not in tool_text
+    description = client.tools_seen[0][0].description
+    assert "allowed.test only" in description and "KEY hold credentials" in description
+    seen = {path: headers.get("X-Key") for _, path, headers in servers.seen.requests}
+    assert seen["/cli"] == seen["/api"] == seen["/agent"] == SECRET_VALUE

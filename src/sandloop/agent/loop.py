@@ -8,7 +8,7 @@ end the run, as ``ProviderError``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from sandloop.agent.types import (
     UserTurn,
 )
 from sandloop.contract import InvalidArgument, SandboxLimits
+from sandloop.contract.egress import Secret
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ def run_agent(
     *,
     limits: SandboxLimits | None = None,
     egress: Sequence[str] | None = None,
+    secrets: Mapping[str, Secret] | None = None,
     timeout_seconds: float = 30.0,
     tools: Sequence[Tool] | None = None,
     session: Any = None,
@@ -64,6 +66,8 @@ def run_agent(
     ``on_event`` is called after each model turn, before each tool call and after each tool result.
     ``egress`` (hosts, as ``SandboxLimits.egress``) lets the model's programs reach those hosts over
     HTTP(S) through the egress proxy; a refused attempt comes back to the model as a note.
+    ``secrets`` ({"NAME": Secret(value, hosts=[...])}) are used by the model's code through
+    placeholders: the model never sees a value, the proxy sends it to those hosts only.
     """
     if not isinstance(task, str) or not task.strip():
         raise InvalidArgument("task must be a non-empty string")
@@ -76,7 +80,7 @@ def run_agent(
         tools = (
             session_tools(session, default_timeout=timeout_seconds)
             if session is not None
-            else [execute_code_tool(limits=limits, default_timeout=timeout_seconds)]
+            else [execute_code_tool(limits=limits, default_timeout=timeout_seconds, secrets=secrets)]
         )
     toolbox = Toolbox(list(tools))
     specs: list[ToolSpec] = toolbox.specs

@@ -10,6 +10,7 @@ from typing import Any
 from sandloop import languages
 from sandloop.agent.types import ToolCall, ToolResult, ToolSpec
 from sandloop.contract import ExecutionResult, SandboxError, SandboxLimits
+from sandloop.contract.egress import Secret
 from sandloop.present import MODEL_STREAM_CHARS, clip_for_model, format_execution
 
 log = logging.getLogger(__name__)
@@ -72,15 +73,25 @@ def execute_code_tool(
     limits: SandboxLimits | None = None,
     default_timeout: float = 30.0,
     runner: Callable[..., ExecutionResult] | None = None,
+    secrets: Mapping[str, Secret] | None = None,
 ) -> Tool:
-    """``execute_code``: run a snippet in a fresh sandbox with ``run_code``."""
+    """``execute_code``: run a snippet in a fresh sandbox with ``run_code`` (``secrets``: values
+    the model's code uses through placeholders, see ``run_code``)."""
     lim = limits or SandboxLimits()
+    network = (
+        f"HTTP(S) to {', '.join(lim.egress)} only, through the proxy in HTTPS_PROXY (no DNS, no direct "
+        "connections); every attempt is reported."
+        if lim.egress
+        else "No network."
+    )
+    if secrets:
+        network += f" Environment variables {', '.join(secrets)} hold credentials for those hosts: use them as is."
     spec = ToolSpec(
         name="execute_code",
         description=(
             "Run a program in a fresh, isolated sandbox and return its exit code, stdout and stderr. "
             f"Languages: {', '.join(languages.names())}. Python has numpy, pandas and matplotlib. "
-            f"No network. Memory {lim.memory}, {lim.cpus:g} CPU, at most {lim.pids} processes; only "
+            f"{network} Memory {lim.memory}, {lim.cpus:g} CPU, at most {lim.pids} processes; only "
             f"/tmp ({lim.tmpfs_size}) is writable and nothing persists between calls. Print what you "
             "want to see: only stdout and stderr come back."
         ),
@@ -91,7 +102,9 @@ def execute_code_tool(
         from sandloop.runner import run_code
 
         code, language, timeout = _code_arguments(args, default_timeout)
-        result = (runner or run_code)(code, language, timeout, limits=lim)
+        execute: Callable[..., ExecutionResult] = runner or run_code
+        extra: dict[str, Any] = {"secrets": secrets} if secrets else {}
+        result = execute(code, language, timeout, limits=lim, **extra)
         return format_execution(result), not result.ok
 
     return Tool(spec, run)

@@ -9,12 +9,13 @@ import shlex
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from sandloop.contract import ExecutionResult
+from sandloop.contract import ExecutionResult, SandboxError
 from sandloop.notes import sandbox_notes
 
 EXIT_TIMEOUT = 124
@@ -127,3 +128,32 @@ def _print_result(result: ExecutionResult, as_json: bool) -> None:
         )
     if len(result.egress) > 20:
         err.print(f"[dim]sandloop egress:[/] {len(result.egress) - 20} more (--json lists them all)")
+
+
+SECRET_HELP = (
+    "NAME=ENVVAR@host[,host]: the program sees a placeholder in $NAME; the egress proxy sends the value "
+    "of your $ENVVAR in its place to those hosts only (which --allow must list). Repeatable."
+)
+
+
+def parse_secrets(specs: list[str] | None) -> dict[str, Any]:
+    """``--secret NAME=ENVVAR@host[,host]`` options as ``Secret``s, the values read from this
+    process's environment (never from the command line, where ps would show them)."""
+    from sandloop.contract.egress import Secret
+
+    out: dict[str, Any] = {}
+    for spec in specs or []:
+        name, eq, rest = spec.partition("=")
+        envvar, at, hosts = rest.partition("@")
+        if not (name and eq and envvar and at and hosts):
+            raise _fail(
+                f"--secret {spec!r}: write NAME=ENVVAR@host[,host], e.g. GITHUB_TOKEN=GH_TOKEN@api.github.com", 2
+            )
+        value = os.environ.get(envvar)
+        if not value:
+            raise _fail(f"--secret {name}: the environment variable {envvar} is not set (export it first)", 2)
+        try:
+            out[name] = Secret(value, hosts=[h for h in hosts.split(",") if h])
+        except SandboxError as exc:
+            raise _fail(f"--secret {name}: {exc}", 2) from None
+    return out

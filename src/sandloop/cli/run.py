@@ -12,6 +12,7 @@ from rich.table import Table
 from sandloop import languages
 from sandloop.cli.common import (
     _CODE_OPTION,
+    SECRET_HELP,
     _exit_for,
     _fail,
     _print_result,
@@ -20,6 +21,7 @@ from sandloop.cli.common import (
     app,
     err,
     out,
+    parse_secrets,
 )
 from sandloop.contract import SandboxError, SandboxLimits
 
@@ -49,6 +51,7 @@ def run(
             "pypi.org, *.example.com, host:8443. Its only way out; every attempt is reported.",
         ),
     ] = None,
+    secret: Annotated[list[str] | None, typer.Option("--secret", help=SECRET_HELP)] = None,
     input_file: Annotated[
         Path | None,
         typer.Option(
@@ -68,9 +71,10 @@ def run(
 
     source, lang, stdin_taken = _program(file, code, language)
     stdin_data = _program_stdin(input_file, stdin_taken)
+    secrets = parse_secrets(secret)
     try:
         limits = SandboxLimits(memory=memory, cpus=cpus, network=network, runtime=runtime, egress=tuple(allow or ()))
-        result = run_code(source, lang, timeout, limits=limits, stdin=stdin_data)
+        result = run_code(source, lang, timeout, limits=limits, stdin=stdin_data, secrets=secrets)
     except SandboxError as exc:
         if as_json:
             print(json.dumps({"code": exc.code, "message": str(exc)}))
@@ -125,6 +129,7 @@ def agent(
         list[str] | None,
         typer.Option("--allow", help="A host the model's programs may reach over HTTP(S) (repeatable)."),
     ] = None,
+    secret: Annotated[list[str] | None, typer.Option("--secret", help=SECRET_HELP)] = None,
 ) -> None:
     """Let a model solve TASK by writing and running code in the sandbox, shown as it happens."""
     from sandloop.agent import run_agent
@@ -147,6 +152,7 @@ def agent(
             client,
             max_iterations,
             limits=limits,
+            secrets=parse_secrets(secret),
             timeout_seconds=timeout,
             on_event=view.on_event if view else None,
         )

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from sandloop.cli.common import _fail, app, err
+from sandloop.cli.common import SECRET_HELP, _fail, app, err, parse_secrets
 from sandloop.contract import SandboxError, SandboxLimits
 
 
@@ -86,6 +86,7 @@ def mcp(
             "chooses, not the model; over http a token must also permit it (tokens create --egress).",
         ),
     ] = None,
+    secret: Annotated[list[str] | None, typer.Option("--secret", help=SECRET_HELP)] = None,
 ) -> None:
     """Serve sandloop as MCP tools (run code, sessions, files) for MCP clients.
 
@@ -105,8 +106,9 @@ def mcp(
     from sandloop.root import shutdown
 
     try:
+        secrets = parse_secrets(secret)
         if transport == "stdio":
-            create_mcp_server(limits).run("stdio")
+            create_mcp_server(limits, secrets=secrets).run("stdio")
             return
         import uvicorn
 
@@ -115,7 +117,7 @@ def mcp(
 
         tokens = TokenStore()
         _warn_if_exposed(host, "the MCP server")
-        app_ = at_shutdown(http_app(create_mcp_server(limits, tokens), tokens, host=host), shutdown)
+        app_ = at_shutdown(http_app(create_mcp_server(limits, tokens, secrets=secrets), tokens, host=host), shutdown)
         uvicorn.run(app_, host=host, port=port, log_level="info")
     finally:
         shutdown()  # stdio ends by returning; over HTTP the lifespan above already did this

@@ -18,7 +18,7 @@ import base64
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -27,7 +27,7 @@ from mcp_types import CallToolResult, ImageContent, TextContent
 
 from sandloop import languages
 from sandloop.contract import SandboxError, SandboxLimits, SessionNotFound, parse_size
-from sandloop.contract.egress import covers
+from sandloop.contract.egress import Secret, covers
 from sandloop.present import format_execution
 from sandloop.server.quota import QuotaError, RateWindow, check_session_room
 from sandloop.server.tokens import Token, TokenStore
@@ -70,7 +70,11 @@ def _caller(ctx: Context) -> Token | None:
 
 
 def create_mcp_server(
-    limits: SandboxLimits | None = None, tokens: TokenStore | None = None, *, sandloop: Sandloop | None = None
+    limits: SandboxLimits | None = None,
+    tokens: TokenStore | None = None,
+    *,
+    sandloop: Sandloop | None = None,
+    secrets: Mapping[str, Secret] | None = None,
 ) -> MCPServer:
     """The tools over a ``Sandloop`` (default: the process-wide one). With ``tokens`` (the HTTP
     transport) every call must carry one of its tokens and is scoped and counted as over the HTTP
@@ -117,7 +121,7 @@ def create_mcp_server(
         with metered(ctx) as token:
             if token is not None and timeout_seconds > token.max_timeout:
                 raise QuotaError(403, "over_token_limit", f"this token may ask for at most {token.max_timeout:g} s")
-            result = core_run(code, language, timeout_seconds, limits=lim)
+            result = core_run(code, language, timeout_seconds, limits=lim, secrets=secrets)
         return _text(format_execution(result), is_error=not result.ok)
 
     @server.tool(

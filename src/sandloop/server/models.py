@@ -58,12 +58,26 @@ _TIMEOUT = Field(
 )
 
 
+class SecretIn(_In):
+    """A value the run's code may use but never see (it gets a placeholder; the egress proxy puts
+    the value in requests to ``hosts`` only)."""
+
+    value: str = Field(min_length=1, max_length=8192)
+    hosts: list[str] = Field(min_length=1, max_length=16)
+
+
 class RunIn(_In):
     code: str = Field(max_length=MAX_CODE_CHARS)
     language: str = "python"
     timeout_seconds: float | None = _TIMEOUT
     stdin: str | None = Field(None, max_length=MAX_CODE_CHARS)
     limits: LimitsIn = Field(default_factory=LimitsIn)
+    secrets: dict[str, SecretIn] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Variables whose values the code never sees, e.g. {'GITHUB_TOKEN': {'value': '...', "
+        "'hosts': ['api.github.com']}}: their hosts must be on limits.egress. Never echoed back.",
+    )
     stream: bool = Field(
         False,
         description="Answer with server-sent events: `stdout` and `stderr` ({text}) as output arrives, then "

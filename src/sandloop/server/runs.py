@@ -6,6 +6,8 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from sandloop.contract import SandboxError
+from sandloop.contract.egress import Secret
 from sandloop.server.context import Api, Auth
 from sandloop.server.errors import ApiError
 from sandloop.server.models import AgentRunIn, RunIn
@@ -30,6 +32,10 @@ def runs_routes(api: Api) -> APIRouter:
         events: output as it arrives, then the result."""
         limits = limits_for(token, body.limits)
         timeout = clamp_timeout(token, body.timeout_seconds)
+        try:
+            secrets = {name: Secret(s.value, hosts=s.hosts) for name, s in body.secrets.items()}
+        except SandboxError as exc:
+            raise ApiError(400, "invalid_argument", str(exc)) from None
         if body.stream:
             import codecs
 
@@ -44,14 +50,20 @@ def runs_routes(api: Api) -> APIRouter:
                         emit(stream, {"text": text})
 
                 result = run_code(
-                    body.code, body.language, timeout, limits=limits, stdin=body.stdin, on_output=on_output
+                    body.code,
+                    body.language,
+                    timeout,
+                    limits=limits,
+                    stdin=body.stdin,
+                    on_output=on_output,
+                    secrets=secrets,
                 )
                 emit("result", count(result))
 
             return sse_from_thread(work, lambda: rates.leave(token))
         with rates.use(token):  # 429s are decided here, before any thread is taken
             result = await run_in_threadpool(
-                run_code, body.code, body.language, timeout, limits=limits, stdin=body.stdin
+                run_code, body.code, body.language, timeout, limits=limits, stdin=body.stdin, secrets=secrets
             )
         return count(result)
 
