@@ -45,6 +45,15 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
         else:
             fix = "run scripts/engine-up.sh as root to register gVisor (runsc)"
             checks.append(Check(f"runtime {rt}", "missing", fix, essential=rt == "runc"))
+    if info.name in ("docker", "oci"):
+        if "runsc" not in info.runtimes:
+            egress = Check("egress allowlists", "ok", "runc: the proxy listens inside each sandbox", essential=False)
+        elif "runsc-egress" in info.runtimes:
+            egress = Check("egress allowlists", "ok", "runc and runsc (runsc-egress registered)", essential=False)
+        else:
+            fix = "runc only: run scripts/engine-up.sh as root to register runsc-egress for gVisor"
+            egress = Check("egress allowlists", "off", fix, essential=False)
+        checks.append(egress)
     if info.quotas_enforced:
         checks.append(Check("session quotas", "ok", "workspaces have a real size cap"))
     else:

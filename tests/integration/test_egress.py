@@ -278,3 +278,28 @@ def test_front_ends_cli_api_and_agent_carry_egress_and_secrets(secret_root, serv
     assert "allowed.test only" in description and "KEY hold credentials" in description
     seen = {path: headers.get("X-Key") for _, path, headers in servers.seen.requests}
     assert seen["/cli"] == seen["/api"] == seen["/agent"] == SECRET_VALUE
+
+
+def test_the_reaper_removes_what_a_killed_process_left_and_the_proxy_bounds_connections(root, servers):
+    import socket as socketlib
+
+    from sandloop.egress.proxy import MAX_CONNECTIONS
+
+    stale = egress_state() / "e-stale-test"
+    stale.mkdir(parents=True, exist_ok=True)
+    (stale / "owner.json").write_text(json.dumps({"owner": f"{socketlib.gethostname()}:999999:1"}))
+    report = root.reap()
+    assert ("egress", "e-stale-test") in [(i.kind, i.id) for i in report.items] and not stale.exists()
+    # one sandbox may hold at most MAX_CONNECTIONS open through the proxy; the rest are refused and said
+    code = (
+        "import socket, time\n"
+        f"held = [socket.create_connection(('127.0.0.1', 3128)) for _ in range({MAX_CONNECTIONS + 5})]\n"
+        "time.sleep(0.5)\n"
+        "def closed(s):\n"
+        "    try:\n        return s.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b''\n"
+        "    except BlockingIOError:\n        return False\n"
+        "print(sum(map(closed, held)))\n"
+    )
+    r = root.run_code(code, limits=_limits("runc", "allowed.test"))
+    assert r.stdout.strip() == "5", (r.stdout, r.stderr)  # exactly the extra ones were closed
+    assert sum("connections at once" in a.note for a in r.egress) == 5

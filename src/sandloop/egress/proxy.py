@@ -52,6 +52,8 @@ SOCKET_NAME = "proxy.sock"
 RELAY = "127.0.0.1:3128"
 #: Most attempts kept per sandbox (the rest are counted).
 MAX_ATTEMPTS = 1000
+#: Most connections one sandbox may hold open through the proxy at once.
+MAX_CONNECTIONS = 64
 HEAD_LIMIT = 64 * 1024
 PIPE_CHUNK = 1 << 20
 CONNECT_TIMEOUT = 10.0
@@ -254,7 +256,11 @@ class EgressProxy:
         while box.tasks and time.monotonic() < deadline:
             time.sleep(0.01)
         with box.lock:
-            return [a.frozen() for a in box.attempts]
+            out = [a.frozen() for a in box.attempts]
+            if box.dropped:
+                note = f"{box.dropped} more attempts were made and not recorded (the first {MAX_ATTEMPTS} are)"
+                out.append(EgressAttempt(host="-", port=0, method="-", allowed=False, note=note))
+            return out
 
     def close(self, key: str) -> None:
         """Stop serving a sandbox (its open connections too) and remove its directory. Idempotent."""
@@ -279,6 +285,23 @@ class EgressProxy:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
+    def leftovers(self) -> list[tuple[str, str]]:
+        """(key, owner) of every sandbox directory here that this proxy does not serve."""
+        out = []
+        if self.state.is_dir():
+            for directory in self.state.iterdir():
+                if directory.name in self._boxes:
+                    continue
+                try:
+                    owner = str(json.loads((directory / "owner.json").read_text())["owner"])
+                except (OSError, ValueError, KeyError):
+                    owner = ""
+                out.append((directory.name, owner))
+        return out
+
+    def remove(self, key: str) -> None:
+        shutil.rmtree(self.state / key, ignore_errors=True)
+
     def collect_garbage(self) -> list[str]:
         """Directories of sandboxes whose owner process is gone (SIGKILLed)."""
         from sandloop.runtime.labels import owner_alive
@@ -297,6 +320,12 @@ class EgressProxy:
 
     # -- one connection (on the loop) ---------------------------------------------------------
     def _accept(self, box: _Box, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(box.tasks) >= MAX_CONNECTIONS:  # each costs this process descriptors and memory
+            box.record(
+                _Attempt("?", 0, "?", allowed=False, note=f"more than {MAX_CONNECTIONS} connections at once: refused")
+            )
+            writer.close()
+            return
         task = asyncio.ensure_future(self._serve(box, reader, writer))
         box.tasks.add(task)
         task.add_done_callback(box.tasks.discard)

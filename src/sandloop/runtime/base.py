@@ -111,7 +111,7 @@ class BackendInfo:
 class Owned:
     """Something a backend made, found by its labels."""
 
-    kind: str  # "sandbox" or "workspace"
+    kind: str  # "sandbox", "workspace" or "egress" (a proxy socket left by a killed process)
     id: str
     labels: Mapping[str, str]
     #: Non-empty when the backend already failed to remove it (Docker's "dead" or "Removal In

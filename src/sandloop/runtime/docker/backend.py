@@ -403,9 +403,16 @@ class DockerBackend:
             ]
             volumes = self.api.volumes(filters={"label": label}).get("Volumes") or []
             out += [Owned("workspace", v["Name"], v.get("Labels") or {}) for v in volumes]
+        # Egress proxy sockets a process left (killed before its sandbox's teardown).
+        proxy = self._egress or EgressProxy(egress_state())
+        for key, owner in proxy.leftovers():
+            out.append(Owned("egress", key, {f"{LABEL_PREFIX}owner": owner, f"{LABEL_PREFIX}purpose": "egress"}))
         return out
 
     def remove(self, item: Owned) -> str | None:
+        if item.kind == "egress":
+            (self._egress or EgressProxy(egress_state())).remove(item.id)
+            return None
         if item.kind == "sandbox":  # the reaper reports a failure: no retries behind its back
             error = self._remove(item.id, retry=False)
             if error and "already in progress" in error:  # its owner is removing it right now

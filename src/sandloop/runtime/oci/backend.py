@@ -55,6 +55,9 @@ from sandloop.runtime.oci.stream import PipeChannel
 
 log = logging.getLogger(__name__)
 
+#: What the direct backend hands to Docker even where it could run directly.
+THROUGH_DOCKER = "sessions, network=True, egress allowlists, other runtimes"
+
 RUNTIME_LABEL = f"{LABEL_PREFIX}oci.runtime"
 #: The runtimes this backend starts itself (others go to Docker).
 DIRECT_RUNTIMES = ("runc", "runsc")
@@ -284,7 +287,7 @@ class OCIBackend:
             details={
                 **inner.details,
                 "direct runs": direct,
-                "through Docker": "everything" if problem else "sessions, network=True, other runtimes",
+                "through Docker": "everything" if problem else THROUGH_DOCKER,
             },
         )
 
