@@ -28,6 +28,7 @@ from sandloop.contract import (
     WorkspaceFileNotFound,
     WorkspaceFull,
 )
+from sandloop.contract.egress import Secret
 from sandloop.languages import Language
 from sandloop.root import Sandloop
 from sandloop.runner import run_code
@@ -50,6 +51,7 @@ __all__ = [
     "SandboxBusy",
     "SandboxError",
     "SandboxLimits",
+    "Secret",
     "Sandloop",
     "Session",
     "SessionNotFound",

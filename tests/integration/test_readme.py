@@ -18,7 +18,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 
 
 def test_the_readme_has_the_examples_this_file_runs():
-    assert len(BLOCKS) == 4, "a Python block was added to or removed from the README: run it here too"
+    assert len(BLOCKS) == 5, "a Python block was added to or removed from the README: run it here too"
 
 
 def test_run_code_example(capsys):
@@ -52,3 +52,13 @@ def test_agent_example(monkeypatch, capsys):
         exec(compile(code, "README.md:agent", "exec"), {})
     out = capsys.readouterr().out
     assert out.startswith("102334155 answered 1 Usage(") and len(fake.requests) == 2, out
+
+
+def test_egress_example(capsys):
+    """No traffic leaves the host: the first run is refused at the proxy before any lookup, the
+    second only prints its placeholder."""
+    exec(compile(BLOCKS[4], "README.md:egress", "exec"), {})
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.startswith("False example.com:443 is not on this sandbox's allowlist"), first
+    assert second == "True"
+    assert our_containers() == []

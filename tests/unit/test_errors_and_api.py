@@ -33,6 +33,7 @@ def test_public_api_is_what_it_should_be():
             "SandboxError",
             "SandboxLimits",
             "Sandloop",
+            "Secret",
             "Session",
             "SessionNotFound",
             "Settings",
