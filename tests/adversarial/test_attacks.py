@@ -44,10 +44,13 @@ def test_python_fork_bomb(lim):
 
 
 def test_shell_fork_bomb(lim):
-    # the classic returns at once and leaves the bomb running in the background: the run ends,
-    # and the bomb dies with its container; with a wait, the process ceiling stops it
+    # the classic usually returns at once and leaves the bomb running in the background: the run
+    # ends, and the bomb dies with its container. But the top-level shell forks twice (one per
+    # side of the pipe); when the first side's descendants fill the process ceiling before the
+    # second fork, bash retries that fork with back-off and the run is killed at its timeout
+    # (seen once in a full local run). Either way it ends within its bound (_run checks that).
     r = _run(":(){ :|:& };:", lim, "bash", timeout=5)
-    assert r.exit_code == 0 and not r.timed_out
+    assert (r.exit_code == 0 and not r.timed_out) or (r.timed_out and "fork: retry" in r.stderr), r
     r = _run("bomb() { bomb | bomb & }; bomb; sleep 2; echo still here", lim, "bash", timeout=10)
     assert r.timed_out or "fork" in r.stderr or r.stdout == "still here\n"
 
