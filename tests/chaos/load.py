@@ -97,6 +97,13 @@ class Load:
         with self.lock:
             return any(o[0] == "run" and o[1] == "ok" and o[4] - o[2] > at for o in self.outcomes)
 
+    def wait_for_recovery(self, since: float, within: float) -> float:
+        """Seconds from ``since`` until a correct run that started after it (or ``within``)."""
+        deadline = since + within
+        while time.monotonic() < deadline and not self.recovered_since(since):
+            time.sleep(0.5)
+        return time.monotonic() - since
+
     def finish(self) -> None:
         self.stop.set()
         for t in self.threads:

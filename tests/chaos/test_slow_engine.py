@@ -60,10 +60,7 @@ def test_a_stalled_engine_mid_burst(stalled, backend, tmp_path):
         os.kill(pid, signal.SIGCONT)
         stopped = False
         back_at = time.monotonic()
-        deadline = back_at + 60
-        while time.monotonic() < deadline and not load.recovered_since(back_at):
-            time.sleep(0.5)
-        recovered_after = time.monotonic() - back_at
+        recovered_after = load.wait_for_recovery(back_at, within=60)
         time.sleep(2)
     finally:
         if stopped:

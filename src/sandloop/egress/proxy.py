@@ -111,6 +111,9 @@ class _Attempt:
     def frozen(self) -> EgressAttempt:
         return EgressAttempt(**self.__dict__)
 
+    def add_note(self, note: str) -> None:
+        self.note = f"{self.note}; {note}" if self.note else note
+
 
 @dataclass
 class _Box:
@@ -242,8 +245,8 @@ class EgressProxy:
                     f"carried the placeholder of secret {name} to {attempt.host}, not one of its hosts "
                     f"({', '.join(secret.hosts)}): not replaced"
                 )
-        if notes:
-            attempt.note = "; ".join(filter(None, [attempt.note, *notes]))
+        for note in notes:
+            attempt.add_note(note)
         return text.encode("latin-1")
 
     def attempts(self, key: str, settle: float = 0.5) -> list[EgressAttempt]:
@@ -370,14 +373,7 @@ class EgressProxy:
                     await _reply(writer, 502, attempt.note)
                 return
             upstream = up_writer
-            forward = self._with_secrets(box, attempt, forward)
-            upstream.write(forward)
-            attempt.bytes_out += len(forward)
-            await asyncio.gather(
-                _pipe(reader, up_writer, attempt, "bytes_out"),
-                _pipe(up_reader, writer, attempt, "bytes_in"),
-                return_exceptions=True,
-            )
+            await _relay(self._with_secrets(box, attempt, forward), reader, writer, up_reader, up_writer, attempt)
         except Refused as exc:
             if attempt is not None:
                 attempt.allowed, attempt.note = False, str(exc)
@@ -422,16 +418,10 @@ class EgressProxy:
                 CONNECT_TIMEOUT,
             )
         except (TimeoutError, OSError) as exc:
-            attempt.note = "; ".join(filter(None, [attempt.note, f"could not reach {host}:{attempt.port}: {exc}"]))
+            attempt.add_note(f"could not reach {host}:{attempt.port}: {exc}")
             await _reply(writer, 502, f"could not reach {host}:{attempt.port}")
             return None
-        up_writer.write(head)
-        attempt.bytes_out += len(head)
-        await asyncio.gather(
-            _pipe(reader, up_writer, attempt, "bytes_out"),
-            _pipe(up_reader, writer, attempt, "bytes_in"),
-            return_exceptions=True,
-        )
+        await _relay(head, reader, writer, up_reader, up_writer, attempt)
         return up_writer
 
     async def _destination(self, box: _Box, host: str, port: int) -> tuple[str, int]:
@@ -573,6 +563,24 @@ def _sni(record: bytes) -> str | None:
     except (IndexError, UnicodeDecodeError):
         return None
     return None
+
+
+async def _relay(
+    first: bytes,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    up_reader: asyncio.StreamReader,
+    up_writer: asyncio.StreamWriter,
+    attempt: _Attempt,
+) -> None:
+    """Send ``first`` upstream, then copy both ways until both sides are done, counting bytes."""
+    up_writer.write(first)
+    attempt.bytes_out += len(first)
+    await asyncio.gather(
+        _pipe(reader, up_writer, attempt, "bytes_out"),
+        _pipe(up_reader, writer, attempt, "bytes_in"),
+        return_exceptions=True,
+    )
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, attempt: _Attempt, count: str) -> None:
