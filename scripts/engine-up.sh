@@ -25,7 +25,7 @@ runsc_registered() { timeout 10 docker info --format '{{json .Runtimes}}' 2>/dev
 # platform flag) is brought up to date; anyone else's is left alone.
 # runsc-egress is the same plus --host-uds=open, for sandboxes with an egress allowlist: still no
 # network, but the sandbox may connect to host Unix sockets mounted into it (only its egress
-# proxy's is: see src/sandloop/egress/proxy.py).
+# proxy's is: see src/sandloop/runtime/egress/proxy.py).
 RUNSC_ARGS='["--platform=ptrace", "--network=none"]'
 RUNSC_EGRESS_ARGS='["--platform=ptrace", "--network=none", "--host-uds=open"]'
 configure_runsc() {  # $1 = "upgrade-only": never create a config for an engine we did not start

@@ -14,8 +14,8 @@ import os
 import pytest
 
 from sandloop import SandboxLimits, Sandloop, Settings
-from sandloop.egress.proxy import egress_state
 from sandloop.notes import sandbox_notes
+from sandloop.runtime.egress.proxy import egress_state
 from tests.egress_servers import WHEEL_NAME, Servers
 from tests.helpers import our_containers
 
@@ -283,7 +283,7 @@ def test_front_ends_cli_api_and_agent_carry_egress_and_secrets(secret_root, serv
 def test_the_reaper_removes_what_a_killed_process_left_and_the_proxy_bounds_connections(root, servers):
     import socket as socketlib
 
-    from sandloop.egress.proxy import MAX_CONNECTIONS
+    from sandloop.runtime.egress.proxy import MAX_CONNECTIONS
 
     stale = egress_state() / "e-stale-test"
     stale.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import pytest
 
 from sandloop import InvalidLimits, SandboxLimits, Sandloop, Settings
 from sandloop.contract.egress import allows
-from sandloop.egress import EgressProxy
+from sandloop.runtime.egress import EgressProxy
 from tests.egress_servers import Servers
 
 

@@ -29,8 +29,6 @@ from sandloop.contract import (
     SandboxError,
     SandboxLimits,
 )
-from sandloop.egress import EgressProxy
-from sandloop.egress.proxy import egress_state
 from sandloop.paths import default_home
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
@@ -39,6 +37,8 @@ from sandloop.runtime.docker.hardening import container_config, egress_relayed
 from sandloop.runtime.docker.health import EngineBreaker
 from sandloop.runtime.docker.stream import SocketChannel
 from sandloop.runtime.docker.workspace import DockerWorkspaces, can_enforce_quotas
+from sandloop.runtime.egress import EgressProxy
+from sandloop.runtime.egress.proxy import egress_state
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL, owner_id
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from typing import Any
 
 from docker.types import LogConfig, Mount, Ulimit
 from sandloop.contract import SandboxLimits
-from sandloop.egress.proxy import SANDBOX_DIR, sandbox_env
 from sandloop.runtime.base import SandboxSpec
+from sandloop.runtime.egress.proxy import SANDBOX_DIR, sandbox_env
 from sandloop.runtime.labels import owner_labels
 
 #: The environment every sandbox gets. Nothing from the host's environment is passed in.

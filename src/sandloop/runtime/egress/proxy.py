@@ -40,7 +40,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from sandloop.contract.egress import EgressAttempt, Secret, allows
-from sandloop.egress.authority import CertificateAuthority
+from sandloop.runtime.egress.authority import CertificateAuthority
 from sandloop.runtime.labels import owner_id
 
 log = logging.getLogger(__name__)
