@@ -102,3 +102,36 @@ def test_mcp_over_streamable_http_needs_a_token_and_scopes_sessions_to_it(tmp_pa
                     assert "deleted" in _text(await client.call_tool("session_delete", {"session_id": sid}))
 
         asyncio.run(main())
+
+
+def test_mcp_runs_reach_the_operators_allowlist_with_its_secrets(tmp_path):
+    """`sandloop mcp --allow --secret`: the model's code reaches the listed host with the value it
+    never sees; the tool's text carries the audit."""
+    import json
+    import os
+
+    from tests.egress_servers import Servers
+
+    servers = Servers()
+    env = {**os.environ, "SANDLOOP_EGRESS_HOSTS": json.dumps(servers.hosts()), "MY_KEY": "value-for-mcp-only"}
+    args = ["-m", "sandloop", "mcp", "--allow", "allowed.test", "--secret", "KEY=MY_KEY@allowed.test"]
+    fetch = (
+        "import os, urllib.request\n"
+        "req = urllib.request.Request('http://allowed.test/mcp', headers={'X-Key': os.environ['KEY']})\n"
+        "print(urllib.request.urlopen(req, timeout=20).read().decode(), os.environ['KEY'][:16])\n"
+    )
+
+    async def main() -> None:
+        async with Client(StdioServerParameters(command=sys.executable, args=args, env=env)) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert "may reach allowed.test" in (tools["run_code"].description or "")
+            result = await client.call_tool("run_code", {"code": fetch})
+            text = _text(result)
+            assert not result.is_error and "hello from http /mcp" in text and "sandloop-secret-K" in text, text
+            assert "egress (allowed): GET allowed.test:80" in text and "value-for-mcp-only" not in text
+
+    try:
+        asyncio.run(main())
+        assert [h.get("X-Key") for _, p, h in servers.seen.requests if p == "/mcp"] == ["value-for-mcp-only"]
+    finally:
+        servers.close()

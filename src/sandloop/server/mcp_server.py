@@ -85,6 +85,12 @@ def create_mcp_server(
     core_run = root.run_code
 
     lim = limits or SandboxLimits()
+    reach = (
+        f"It may reach {', '.join(lim.egress)} over HTTP(S) only, through the proxy in HTTPS_PROXY"
+        + (f"; ${', $'.join(secrets)} hold credentials for those hosts, use them as is." if secrets else ".")
+        if lim.egress
+        else "No network."
+    )
     # Sessions have no egress yet (the proxy lives in one process; a session is reattached from others).
     session_limits = lim.model_copy(update={"egress": ()})
     server = MCPServer("sandloop", instructions=INSTRUCTIONS, version="0.1.0")
@@ -114,7 +120,7 @@ def create_mcp_server(
 
     @server.tool(
         description=f"Run a program once in a fresh sandbox ({langs}; Python has numpy, pandas, matplotlib). "
-        "Returns exit code, stdout, stderr, and a note when the sandbox killed or limited it."
+        "Returns exit code, stdout, stderr, and a note when the sandbox killed or limited it. " + reach
     )
     @_guarded
     def run_code(ctx: Context, code: str, language: str = "python", timeout_seconds: float = 30) -> CallToolResult:
