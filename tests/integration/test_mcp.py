@@ -118,7 +118,7 @@ def test_mcp_runs_reach_the_operators_allowlist_with_its_secrets(tmp_path):
     fetch = (
         "import os, urllib.request\n"
         "req = urllib.request.Request('http://allowed.test/mcp', headers={'X-Key': os.environ['KEY']})\n"
-        "print(urllib.request.urlopen(req, timeout=20).read().decode(), os.environ['KEY'][:16])\n"
+        "print(urllib.request.urlopen(req, timeout=20).read().decode(), os.environ['KEY'][:20])\n"
     )
 
     async def main() -> None:
