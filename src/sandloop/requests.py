@@ -59,7 +59,7 @@ def build_request(
         limits = DEFAULT_LIMITS
     elif not isinstance(limits, SandboxLimits):
         raise InvalidArgument(f"limits must be a SandboxLimits, got {type(limits).__name__}")
-    checked = _check_secrets(secrets or {}, limits)
+    checked = check_secrets(secrets or {}, limits)
     lang = languages.get(language)
     return RunRequest(
         code=_as_bytes(code, "code", MAX_CODE_BYTES),
@@ -76,7 +76,8 @@ def build_request(
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
-def _check_secrets(secrets: Mapping[str, Secret], limits: SandboxLimits) -> dict[str, Secret]:
+def check_secrets(secrets: Mapping[str, Secret], limits: SandboxLimits) -> dict[str, Secret]:
+    """Secrets checked against what the sandbox may reach (each host on ``limits.egress``)."""
     if not isinstance(secrets, Mapping):
         raise InvalidArgument("secrets must be a mapping of variable names to Secret(value, hosts=[...])")
     for name, secret in secrets.items():

@@ -303,3 +303,50 @@ def test_the_reaper_removes_what_a_killed_process_left_and_the_proxy_bounds_conn
     r = root.run_code(code, limits=_limits("runc", "allowed.test"))
     assert r.stdout.strip() == "5", (r.stdout, r.stderr)  # exactly the extra ones were closed
     assert sum("connections at once" in a.note for a in r.egress) == 5
+
+
+def test_a_session_reaches_its_allowlist_from_any_process_with_its_secrets(secret_root, servers, runtime):
+    """A session's interpreter outlives the process that started it: a CLI process attaching it
+    (a new process per command) serves its egress again, and the cell's audit is its own."""
+    import subprocess
+    import sys
+
+    from sandloop.contract.egress import Secret
+    from sandloop.runtime.egress.proxy import kernel_egress_key
+
+    s = secret_root.create_session(limits=_limits(runtime, "allowed.test"), quota="16m")
+    sid = s.id
+    try:
+        get = "urllib.request.urlopen('http://allowed.test/{}', timeout=20).read().decode()"
+        c = s.run_cell("import os, urllib.request\n" + get.format("cell1"))
+        assert c.ok and "hello from http /cell1" in (c.value or ""), (c.stdout, c.stderr)
+        assert [(a.host, a.allowed) for a in c.egress] == [("allowed.test", True)]
+        c = s.run_cell(
+            "try:\n    urllib.request.urlopen('http://other.test/', timeout=20)\nexcept Exception as e:\n    print(e)"
+        )
+        assert "403" in c.stdout and [a.allowed for a in c.egress] == [False]  # only this cell's attempts
+        secret_cell = (
+            "req = urllib.request.Request('https://allowed.test/cell-secret', headers={'X-Key': os.environ['KEY']})\n"
+            "urllib.request.urlopen(req, timeout=20).read().decode()"
+        )
+        c = s.run_cell(secret_cell, secrets={"KEY": Secret(SECRET_VALUE, hosts=["allowed.test"])})
+        assert "hello from https /cell-secret" in (c.value or ""), (c.stdout, c.stderr)
+        assert SECRET_VALUE not in c.model_dump_json()
+        s.close()  # this process lets go; the interpreter lives on
+
+        env = {**os.environ, "SANDLOOP_EGRESS_HOSTS": json.dumps(servers.hosts())}
+        cli = subprocess.run(
+            [sys.executable, "-m", "sandloop", "session", "cell", sid, "-c", get.format("cli-cell")],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+        assert cli.returncode == 0 and "hello from http /cli-cell" in cli.stdout, (cli.stdout, cli.stderr)
+
+        again = secret_root.attach_session(sid)
+        c = again.run_cell(get.format("again"))
+        assert "hello from http /again" in (c.value or "") and c.egress[0].allowed, (c.stdout, c.stderr)
+        again.close()
+        seen = {path: headers.get("X-Key") for _, path, headers in servers.seen.requests}
+        assert seen["/cell-secret"] == SECRET_VALUE and "/cli-cell" in seen
+    finally:
+        secret_root.attach_session(sid).delete()
+    assert not (egress_state() / kernel_egress_key(sid)).exists()

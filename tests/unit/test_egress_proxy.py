@@ -146,9 +146,12 @@ def test_closing_removes_the_socket_and_garbage_of_dead_owners_is_collected(prox
     assert not d.exists()
     stale = tmp_path / "egress" / "e-stale"
     stale.mkdir(parents=True)
-    (stale / "owner.json").write_text(json.dumps({"owner": "host:1:0"}))
+    (stale / "owner.json").write_text(json.dumps({"owner": f"{socket.gethostname()}:999999:1"}))
+    kept = tmp_path / "egress" / "kernel-s-123"
+    kept.mkdir()
+    (kept / "owner.json").write_text(json.dumps({"owner": "session:s-123"}))
     live = proxy.open("e-live", ("allowed.test",))
-    assert proxy.collect_garbage() == ["e-stale"] and live.exists()
+    assert proxy.collect_garbage() == ["e-stale"] and live.exists() and kept.exists()
 
 
 def test_a_tokens_egress_policy_bounds_what_its_runs_may_ask_for(tmp_path):

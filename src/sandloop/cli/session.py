@@ -10,6 +10,7 @@ from rich.table import Table
 
 from sandloop.cli.common import (
     _CODE_OPTION,
+    SECRET_HELP,
     _exit_for,
     _fail,
     _print_result,
@@ -17,6 +18,7 @@ from sandloop.cli.common import (
     _program_stdin,
     err,
     out,
+    parse_secrets,
     session_app,
 )
 from sandloop.contract import SandboxError, SandboxLimits
@@ -44,12 +46,17 @@ def session_create(
     quota: Annotated[str, typer.Option("--quota", help="Workspace size cap, e.g. 256m.")] = "256m",
     memory: Annotated[str, typer.Option("--memory", help="Memory ceiling of its sandboxes.")] = "256m",
     runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor).")] = "runc",
+    allow: Annotated[
+        list[str] | None,
+        typer.Option("--allow", help="A host its code may reach over HTTP(S), through the egress proxy (repeatable)."),
+    ] = None,
 ) -> None:
     """Create a session and print its id."""
     from sandloop.sessions import Session
 
     try:
-        s = Session.create(SandboxLimits(memory=memory, runtime=runtime), ttl=ttl, quota=quota)
+        limits = SandboxLimits(memory=memory, runtime=runtime, egress=tuple(allow or ()))
+        s = Session.create(limits, ttl=ttl, quota=quota)
     except SandboxError as exc:
         raise _fail(str(exc)) from None
     s.close()
@@ -123,13 +130,15 @@ def session_cell(
         Path | None, typer.Option("--artifacts", help="Save charts into this directory (never overwriting).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    secret: Annotated[list[str] | None, typer.Option("--secret", help=SECRET_HELP)] = None,
 ) -> None:
     """Run a cell in the session's stateful interpreter; prints the last expression's value:
     `session cell SID -c 'df.describe()'`, `session cell SID analysis.py`."""
     source, _, _ = _program(file, code, "python")
+    secrets = parse_secrets(secret)
     try:
         with _session(session_id) as s:
-            result = s.run_cell(source, timeout)
+            result = s.run_cell(source, timeout, secrets=secrets)
     except SandboxError as exc:
         raise _fail(str(exc)) from None
     _print_result(result, as_json)

@@ -135,7 +135,14 @@ class Backend(Protocol[S]):
     def execute(self, sandbox: S, request: RunRequest, *, started: float | None = None) -> ExecutionResult: ...
 
     def run_cell(
-        self, kernel: S, code: str, *, limits: SandboxLimits, interrupt_after: float, grace: float
+        self,
+        kernel: S,
+        code: str,
+        *,
+        limits: SandboxLimits,
+        interrupt_after: float,
+        grace: float,
+        secrets: Mapping[str, Secret] | None = None,
     ) -> CellResult:
         """Run a cell in a session's interpreter. Past ``interrupt_after`` seconds the cell is
         interrupted (its state survives); if the interpreter has not answered ``grace`` seconds

@@ -77,10 +77,16 @@ def encode_run(
     return _frame(header, request.code + request.stdin)
 
 
-def encode_cell(code: str, nonce: str) -> bytes:
-    """One cell for a session's interpreter (``launcher.py --kernel``)."""
+def encode_cell(code: str, nonce: str, *, env: Mapping[str, str] | None = None, ca_pem: str | None = None) -> bytes:
+    """One cell for a session's interpreter (``launcher.py --kernel``); ``env`` and ``ca_pem`` as
+    for a run (set in the interpreter before the cell runs, and kept)."""
     data = code.encode()
-    return _frame({"code": len(data), "nonce": nonce}, data)
+    header: dict[str, Any] = {"code": len(data), "nonce": nonce}
+    if env:
+        header["env"] = dict(env)
+    if ca_pem:
+        header["ca"] = ca_pem
+    return _frame(header, data)
 
 
 class CappedStream:

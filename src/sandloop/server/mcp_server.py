@@ -91,8 +91,6 @@ def create_mcp_server(
         if lim.egress
         else "No network."
     )
-    # Sessions have no egress yet (the proxy lives in one process; a session is reattached from others).
-    session_limits = lim.model_copy(update={"egress": ()})
     server = MCPServer("sandloop", instructions=INSTRUCTIONS, version="0.1.0")
     langs = ", ".join(languages.names())
     rates = RateWindow()
@@ -141,7 +139,7 @@ def create_mcp_server(
                 mine = tokens.sessions_of(token.id)
                 live = [r.quota_bytes for r in root.list_sessions() if r.id in mine]
                 check_session_room(token, live, parse_size(quota))
-            s = root.create_session(session_limits, ttl=ttl_seconds, quota=quota)
+            s = root.create_session(lim, ttl=ttl_seconds, quota=quota)
             if token is not None and tokens is not None:
                 tokens.own(s.id, token.id)
             s.close()
@@ -163,7 +161,7 @@ def create_mcp_server(
     @_guarded
     def session_cell(ctx: Context, session_id: str, code: str, timeout_seconds: float = 30) -> CallToolResult:
         with metered(ctx) as token, attach(token, session_id) as s:
-            result = s.run_cell(code, timeout_seconds)
+            result = s.run_cell(code, timeout_seconds, secrets=secrets if s.limits.egress else None)
         text = format_execution(result)
         if result.value is not None:
             text += f"\nvalue: {result.value}"

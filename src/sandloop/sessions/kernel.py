@@ -12,11 +12,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from sandloop.contract import CellResult, SandboxLimits
+from sandloop.contract.egress import Secret
 from sandloop.runtime.base import Backend, Sandbox, SandboxSpec
 
 #: Seconds an interrupted cell has to return before its interpreter is replaced.
@@ -61,11 +62,18 @@ class Kernel:
                 self.backend.detach(self._sandbox)
         self._sandbox = None
 
-    def run(self, code: str, timeout_seconds: float, limits: SandboxLimits) -> CellResult:
+    def run(
+        self, code: str, timeout_seconds: float, limits: SandboxLimits, secrets: Mapping[str, Secret] | None = None
+    ) -> CellResult:
         with self._locked():
             sandbox = self._connect()
             result = self.backend.run_cell(
-                sandbox, code, limits=limits, interrupt_after=timeout_seconds, grace=INTERRUPT_GRACE_SECONDS
+                sandbox,
+                code,
+                limits=limits,
+                interrupt_after=timeout_seconds,
+                grace=INTERRUPT_GRACE_SECONDS,
+                secrets=secrets,
             )
             if result.interpreter_restarted:
                 self._drop(remove=True)

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import tarfile
+from collections.abc import Mapping
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path, PurePosixPath
@@ -39,7 +40,8 @@ from sandloop.contract import (
     WorkspaceFull,
     parse_size,
 )
-from sandloop.requests import build_request, check_timeout
+from sandloop.contract.egress import Secret
+from sandloop.requests import build_request, check_secrets, check_timeout
 from sandloop.runtime.base import SandboxSpec
 from sandloop.runtime.labels import LABEL_PREFIX
 from sandloop.sessions.kernel import Kernel, lock_file
@@ -94,11 +96,6 @@ class Session:
             limits = limits or SandboxLimits()
             if not isinstance(limits, SandboxLimits):
                 raise InvalidArgument("limits must be a SandboxLimits")
-            if limits.egress:  # its proxy lives in one process; a session is reattached from others
-                raise InvalidArgument(
-                    "egress allowlists work for runs (run_code, sandloop run --allow), not yet for sessions: "
-                    "fetch what the session needs with a run, then upload it"
-                )
             if (
                 isinstance(ttl, bool)
                 or not isinstance(ttl, int | float)
@@ -200,28 +197,39 @@ class Session:
         *,
         stdin: str | bytes | None = None,
         limits: SandboxLimits | None = None,
+        secrets: Mapping[str, Secret] | None = None,
     ) -> ExecutionResult:
         """Run code in a fresh process with the workspace as its working directory."""
         self._live()
         request = build_request(
-            code, language, timeout_seconds, limits=limits or self.limits, stdin=stdin, image=self._record.image
+            code,
+            language,
+            timeout_seconds,
+            limits=limits or self.limits,
+            stdin=stdin,
+            image=self._record.image,
+            secrets=secrets,
         )
         spec = self._spec()
         request = replace(request, image=spec.image, cwd=WORKSPACE, volumes=spec.volumes, labels=spec.labels)
         return self._dispatcher.run(request, pool_size=1)
 
-    def run_cell(self, code: str, timeout_seconds: float = 30) -> CellResult:
-        """Run a cell in the session's Python interpreter: globals persist between cells."""
+    def run_cell(
+        self, code: str, timeout_seconds: float = 30, *, secrets: Mapping[str, Secret] | None = None
+    ) -> CellResult:
+        """Run a cell in the session's Python interpreter: globals persist between cells.
+        ``secrets`` as for ``run_code``: their placeholders stay set in the interpreter."""
         self._live()
         if not isinstance(code, str):
             raise InvalidArgument("a cell must be a string of Python")
-        return self._kernel.run(code, check_timeout(timeout_seconds), self.limits)
+        checked = check_secrets(secrets or {}, self.limits)
+        return self._kernel.run(code, check_timeout(timeout_seconds), self.limits, checked)
 
     # -- files ----------------------------------------------------------------------------------
     def _files(self, op: str, args: dict[str, Any], data: bytes = b"", output: int = 1024 * 1024) -> dict[str, Any]:
         self._live()
         header = json.dumps({"op": op, **args}).encode() + b"\n"
-        limits = self.limits.model_copy(update={"output_limit": output})
+        limits = self.limits.model_copy(update={"output_limit": output, "egress": ()})  # the helper needs none
         spec = self._spec()
         request = build_request(_HELPER, "python", 60, limits=limits, stdin=header + data, image=self._record.image)
         request = replace(request, image=spec.image, cwd=WORKSPACE, volumes=spec.volumes, labels=spec.labels)

@@ -27,10 +27,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, SandboxError, SandboxLimits
+from sandloop.contract.egress import Secret
 from sandloop.images.recipe_hash import RECIPE_DIR
 from sandloop.paths import default_home
 from sandloop.runtime import protocol
@@ -217,8 +219,17 @@ class FakeBackend:
             stdin.close()
 
     def run_cell(
-        self, kernel: FakeSandbox, code: str, *, limits: SandboxLimits, interrupt_after: float, grace: float
+        self,
+        kernel: FakeSandbox,
+        code: str,
+        *,
+        limits: SandboxLimits,
+        interrupt_after: float,
+        grace: float,
+        secrets: Mapping[str, Secret] | None = None,
     ) -> CellResult:
+        if secrets:
+            raise InvalidArgument("the test double (fake backend) has no egress proxy: secrets need docker or oci")
         started = time.monotonic()
         nonce = protocol.new_nonce()
         collector = kernel.collector = protocol.cell_collector(kernel.collector, limits.output_limit, nonce)

@@ -29,6 +29,7 @@ from sandloop.contract import (
     SandboxError,
     SandboxLimits,
 )
+from sandloop.contract.egress import Secret
 from sandloop.paths import default_home
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
@@ -38,7 +39,7 @@ from sandloop.runtime.docker.health import EngineBreaker
 from sandloop.runtime.docker.stream import SocketChannel
 from sandloop.runtime.docker.workspace import DockerWorkspaces, can_enforce_quotas
 from sandloop.runtime.egress import EgressProxy
-from sandloop.runtime.egress.proxy import egress_state
+from sandloop.runtime.egress.proxy import egress_state, kernel_egress_key
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL, owner_id
 
 log = logging.getLogger(__name__)
@@ -228,8 +229,14 @@ class DockerBackend:
         try:
             egress_dir = None
             if spec.limits.egress:
-                egress = f"e-{uuid.uuid4().hex[:20]}"
-                egress_dir = str(self.egress.open(egress, spec.limits.egress))
+                session = dict(spec.labels).get(SESSION_LABEL)
+                if purpose == "kernel" and session:  # outlives this process: owned by its session
+                    egress = kernel_egress_key(session)
+                    self.egress.close(egress)  # what a replaced interpreter left
+                    egress_dir = str(self.egress.open(egress, spec.limits.egress, owner=f"session:{session}"))
+                else:
+                    egress = f"e-{uuid.uuid4().hex[:20]}"
+                    egress_dir = str(self.egress.open(egress, spec.limits.egress))
             with self._watch(), engine_errors(spec.image, spec.limits.runtime):
                 kwargs = container_config(api, spec, purpose, lifetime_seconds, egress_dir)
                 if spec.command:
@@ -281,12 +288,7 @@ class DockerBackend:
             with engine_errors(request.image, request.limits.runtime), contextlib.suppress(docker.errors.APIError):
                 self.api.kill(sandbox.id)
 
-        env, ca_pem = None, None
-        if request.secrets:
-            if sandbox.egress is None:
-                raise InvalidArgument("secrets need an egress allowlist that names their hosts (limits.egress)")
-            env = self.egress.arm(sandbox.egress, request.secrets)  # the code sees placeholders only
-            ca_pem = self.egress.authority.cert_pem
+        env, ca_pem = self._arm(sandbox, request.secrets)  # the code sees placeholders only
         result = protocol.run_program(
             sandbox.channel,
             request,
@@ -304,12 +306,21 @@ class DockerBackend:
 
     # -- a session's interpreter ---------------------------------------------------------------
     def run_cell(
-        self, kernel: LiveSandbox, code: str, *, limits: SandboxLimits, interrupt_after: float, grace: float
+        self,
+        kernel: LiveSandbox,
+        code: str,
+        *,
+        limits: SandboxLimits,
+        interrupt_after: float,
+        grace: float,
+        secrets: Mapping[str, Secret] | None = None,
     ) -> CellResult:
         started = time.monotonic()
         nonce = protocol.new_nonce()
+        env, ca_pem = self._arm(kernel, secrets)
+        seen_before = self.egress.attempt_count(kernel.egress) if kernel.egress else 0
         collector = kernel.collector = protocol.cell_collector(kernel.collector, limits.output_limit, nonce)
-        kernel.sock.sendall(protocol.encode_cell(code, nonce))
+        kernel.sock.sendall(protocol.encode_cell(code, nonce, env=env, ca_pem=ca_pem))
         timed_out, gone = protocol.await_cell(
             kernel.channel,
             collector,
@@ -321,7 +332,7 @@ class DockerBackend:
         if gone and not timed_out:
             with contextlib.suppress(Exception):
                 oom = bool(self.api.inspect_container(kernel.id).get("State", {}).get("OOMKilled"))
-        return protocol.cell_result(
+        result = protocol.cell_result(
             collector,
             limits=limits,
             timeout_seconds=interrupt_after,
@@ -330,6 +341,20 @@ class DockerBackend:
             interpreter_restarted=gone,
             started=started,
         )
+        if kernel.egress is not None:  # what this cell tried (as seen by this process)
+            cell_attempts = self.egress.attempts(kernel.egress, settle=0.1)[seen_before:]
+            result = result.model_copy(update={"egress": cell_attempts})
+        return result
+
+    def _arm(
+        self, sandbox: LiveSandbox, secrets: Mapping[str, Secret] | None
+    ) -> tuple[dict[str, str] | None, str | None]:
+        """Secrets' placeholders for a program's environment, and the CA it must trust."""
+        if not secrets:
+            return None, None
+        if sandbox.egress is None:
+            raise InvalidArgument("secrets need an egress allowlist that names their hosts (limits.egress)")
+        return self.egress.arm(sandbox.egress, secrets), self.egress.authority.cert_pem
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> LiveSandbox | None:
         with engine_errors(spec.image, spec.limits.runtime):
@@ -344,10 +369,27 @@ class DockerBackend:
             attached = self.api.attach_socket(
                 found[0]["Id"], params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
             )
-        return LiveSandbox(found[0]["Id"], SocketChannel(attached), spec, time.monotonic())
+        sandbox = LiveSandbox(found[0]["Id"], SocketChannel(attached), spec, time.monotonic())
+        if spec.limits.egress:  # serve its egress from this process too
+            try:
+                sandbox.egress = kernel_egress_key(session_id)
+                self.egress.reopen(sandbox.egress, spec.limits.egress)
+                if not egress_relayed(spec.limits):
+                    with engine_errors(spec.image, spec.limits.runtime):
+                        pid = int(self.api.inspect_container(sandbox.id)["State"]["Pid"])
+                    self.egress.listen_in(sandbox.egress, pid)
+            except (OSError, SandboxError) as exc:
+                log.warning(
+                    "session %s: cannot serve its interpreter's egress (%s): starting a new one", session_id, exc
+                )
+                self.destroy(sandbox)
+                return None
+        return sandbox
 
     def detach(self, sandbox: LiveSandbox) -> None:
         sandbox.channel.close()
+        if sandbox.egress is not None:
+            self.egress.release(sandbox.egress)  # the interpreter lives on; the next attach serves it
 
     def destroy(self, sandbox: LiveSandbox) -> None:
         """Close the stream and force-remove the container. Best effort: never raises."""
@@ -392,6 +434,8 @@ class DockerBackend:
 
     def delete_workspace(self, session_id: str) -> None:
         self.workspaces.delete(session_id)
+        if self._egress is not None or egress_state().is_dir():
+            self.egress.close(kernel_egress_key(session_id))  # its interpreter's, if it had an allowlist
 
     # -- housekeeping -------------------------------------------------------------------------
     def owned(self) -> list[Owned]:

@@ -68,6 +68,11 @@ def egress_state() -> Path:
     return Path(tempfile.gettempdir()) / f"sandloop-egress-{os.getuid()}"
 
 
+def kernel_egress_key(session_id: str) -> str:
+    """A session's interpreter's egress directory name: found again from any process."""
+    return f"kernel-{session_id}"
+
+
 def system_resolve(host: str, port: int) -> list[str]:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
@@ -118,6 +123,8 @@ class _Attempt:
 @dataclass
 class _Box:
     rules: tuple[str, ...]
+    #: A long-lived sandbox's (a session's interpreter): its directory outlives this process.
+    keep: bool = False
     server: asyncio.AbstractServer | None = None
     extra_servers: list[asyncio.AbstractServer] = field(default_factory=list)
     attempts: list[_Attempt] = field(default_factory=list)
@@ -167,13 +174,47 @@ class EgressProxy:
     def _call(self, coro: object, timeout: float = 10.0) -> object:
         return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop()).result(timeout)  # type: ignore[arg-type]
 
-    def open(self, key: str, rules: tuple[str, ...]) -> Path:
-        """Start serving a sandbox: its directory (to bind-mount at ``SANDBOX_DIR``)."""
+    def open(self, key: str, rules: tuple[str, ...], *, owner: str | None = None) -> Path:
+        """Start serving a sandbox: its directory (to bind-mount at ``SANDBOX_DIR``). ``owner``
+        (default: this process) is what the reaper checks; a session's interpreter, which outlives
+        this process, is owned by its session (``session:<id>``) and its directory is kept until
+        the session ends (``release`` at exit, ``close`` when it is destroyed)."""
         directory = self.state / key
         directory.mkdir(parents=True, mode=0o755)
         directory.chmod(0o755)
-        (directory / "owner.json").write_text(json.dumps({"owner": owner_id(), "created": time.time()}))
-        box = _Box(rules)
+        (directory / "owner.json").write_text(json.dumps({"owner": owner or owner_id(), "created": time.time()}))
+        try:
+            return self._serve_socket(key, rules, keep=owner is not None)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+
+    def reopen(self, key: str, rules: tuple[str, ...]) -> None:
+        """Serve a long-lived sandbox found again (a session's interpreter, from another process):
+        its socket too, unless a live process still serves it there. Idempotent."""
+        if key in self._boxes:
+            return
+        path = self.state / key / SOCKET_NAME
+        if not path.parent.is_dir():
+            raise OSError(f"the egress directory of {key} is gone")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+            served = True
+        except OSError:
+            served = False
+        finally:
+            probe.close()
+        if served:  # another process serves the socket (gVisor's path); this one serves its own listener
+            with self._lock:
+                self._boxes.setdefault(key, _Box(rules, keep=True))
+            return
+        path.unlink(missing_ok=True)  # left by a process that is gone
+        self._serve_socket(key, rules, keep=True)
+
+    def _serve_socket(self, key: str, rules: tuple[str, ...], *, keep: bool) -> Path:
+        directory = self.state / key
+        box = _Box(rules, keep=keep)
         path = directory / SOCKET_NAME
 
         async def start() -> asyncio.AbstractServer:
@@ -181,12 +222,8 @@ class EgressProxy:
                 lambda r, w: self._accept(box, r, w), path=str(path), limit=HEAD_LIMIT
             )
 
-        try:
-            box.server = self._call(start())  # type: ignore[assignment]
-            path.chmod(0o666)  # the sandbox's user connects; only this directory is mounted
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
+        box.server = self._call(start())  # type: ignore[assignment]
+        path.chmod(0o666)  # the sandbox's user connects; only this directory is mounted
         with self._lock:
             self._boxes[key] = box
         return directory
@@ -249,6 +286,13 @@ class EgressProxy:
             attempt.add_note(note)
         return text.encode("latin-1")
 
+    def attempt_count(self, key: str) -> int:
+        box = self._boxes.get(key)
+        if box is None:
+            return 0
+        with box.lock:
+            return len(box.attempts)
+
     def attempts(self, key: str, settle: float = 0.5) -> list[EgressAttempt]:
         """What the sandbox tried so far. Waits up to ``settle`` seconds for its connections to
         finish first (the program has ended: its last bytes are still being counted)."""
@@ -267,6 +311,12 @@ class EgressProxy:
 
     def close(self, key: str) -> None:
         """Stop serving a sandbox (its open connections too) and remove its directory. Idempotent."""
+        self.release(key)
+        shutil.rmtree(self.state / key, ignore_errors=True)
+
+    def release(self, key: str) -> None:
+        """Stop serving a sandbox from this process; its directory stays (a session's interpreter
+        lives on, and the next process to attach serves it again)."""
         with self._lock:
             box = self._boxes.pop(key, None)
         if box is not None and self._loop is not None:
@@ -280,11 +330,10 @@ class EgressProxy:
 
             with contextlib.suppress(Exception):
                 self._call(stop())
-        shutil.rmtree(self.state / key, ignore_errors=True)
 
     def shutdown(self) -> None:
-        for key in list(self._boxes):
-            self.close(key)
+        for key, box in list(self._boxes.items()):
+            (self.release if box.keep else self.close)(key)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
@@ -306,7 +355,8 @@ class EgressProxy:
         shutil.rmtree(self.state / key, ignore_errors=True)
 
     def collect_garbage(self) -> list[str]:
-        """Directories of sandboxes whose owner process is gone (SIGKILLed)."""
+        """Directories of sandboxes whose owner process is gone (SIGKILLed). A session's stay: its
+        interpreter lives on (they go with the session's workspace)."""
         from sandloop.runtime.labels import owner_alive
 
         removed = []
@@ -316,7 +366,7 @@ class EgressProxy:
                     owner = json.loads((directory / "owner.json").read_text())["owner"]
                 except (OSError, ValueError, KeyError):
                     owner = ""
-                if directory.name not in self._boxes and owner_alive(owner) is not True:
+                if directory.name not in self._boxes and owner_alive(owner) is False:
                     shutil.rmtree(directory, ignore_errors=True)
                     removed.append(directory.name)
         return removed
@@ -477,6 +527,8 @@ def _listener_in_netns(pid: int) -> socket.socket:
             host, port = RELAY.split(":")
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # A session's interpreter may be served by two processes at once (each attached).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, int(port)))
             sock.listen(128)
             sock.setblocking(False)

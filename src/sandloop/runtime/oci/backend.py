@@ -39,12 +39,14 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from sandloop.contract import CellResult, ExecutionResult, HostDiskFull, SandboxError, SandboxLimits
+from sandloop.contract.egress import Secret
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.docker import DockerBackend, LiveSandbox
@@ -513,9 +515,18 @@ class OCIBackend:
 
     # -- sessions: through Docker ---------------------------------------------------------------
     def run_cell(
-        self, kernel: LiveSandbox, code: str, *, limits: SandboxLimits, interrupt_after: float, grace: float
+        self,
+        kernel: LiveSandbox,
+        code: str,
+        *,
+        limits: SandboxLimits,
+        interrupt_after: float,
+        grace: float,
+        secrets: Mapping[str, Secret] | None = None,
     ) -> CellResult:
-        return self.docker.run_cell(kernel, code, limits=limits, interrupt_after=interrupt_after, grace=grace)
+        return self.docker.run_cell(
+            kernel, code, limits=limits, interrupt_after=interrupt_after, grace=grace, secrets=secrets
+        )
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> LiveSandbox | None:
         return self.docker.find_kernel(session_id, spec)
