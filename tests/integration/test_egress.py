@@ -350,3 +350,42 @@ def test_a_session_reaches_its_allowlist_from_any_process_with_its_secrets(secre
     finally:
         secret_root.attach_session(sid).delete()
     assert not (egress_state() / kernel_egress_key(sid)).exists()
+
+
+def test_api_sessions_take_an_allowlist_and_cells_take_secrets(secret_root, servers, tmp_path):
+    import httpx
+
+    from sandloop.server.app import create_app
+    from sandloop.server.tokens import TokenStore
+    from tests.servers import serve_in_thread
+
+    tokens = TokenStore(tmp_path / "tokens.sqlite")
+    secret, _ = tokens.create("api-session", egress=("allowed.test",))
+    plain, _ = tokens.create("no-egress")
+    cell = (
+        "import os, urllib.request\n"
+        "req = urllib.request.Request('http://allowed.test/api-cell', headers={'X-Key': os.environ['KEY']})\n"
+        "urllib.request.urlopen(req, timeout=20).read().decode()"
+    )
+    with serve_in_thread(create_app(tokens, sandloop=secret_root)) as url:
+        c = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=120)
+        refused = httpx.post(
+            f"{url}/v1/sessions",
+            json={"quota": "16m", "limits": {"egress": ["allowed.test"]}},
+            headers={"Authorization": f"Bearer {plain}"},
+        )
+        assert (refused.status_code, refused.json()["code"]) == (403, "egress_refused")
+        sid = c.post("/v1/sessions", json={"quota": "16m", "limits": {"egress": ["allowed.test"]}}).json()["id"]
+        try:
+            body = {"code": cell, "secrets": {"KEY": {"value": SECRET_VALUE, "hosts": ["allowed.test"]}}}
+            r = c.post(f"/v1/sessions/{sid}/cells", json=body)
+            assert r.status_code == 200 and "hello from http /api-cell" in r.json()["value"], r.text
+            assert SECRET_VALUE not in r.text and r.json()["egress"][0]["allowed"]
+            bad = c.post(
+                f"/v1/sessions/{sid}/cells", json={"code": "1", "secrets": {"K": {"value": "v", "hosts": ["x.y"]}}}
+            )
+            assert (bad.status_code, bad.json()["code"]) == (400, "invalid_argument") and "does not reach" in bad.text
+        finally:
+            c.delete(f"/v1/sessions/{sid}")
+            c.close()
+    assert [h.get("X-Key") for _, p, h in servers.seen.requests if p == "/api-cell"] == [SECRET_VALUE]

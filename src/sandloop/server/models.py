@@ -3,9 +3,11 @@ every size and number is bounded here, before the core sees it."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from sandloop.contract.egress import Secret
 
 #: Longest code or stdin in a JSON body, in characters.
 MAX_CODE_CHARS = 1_000_000
@@ -66,18 +68,21 @@ class SecretIn(_In):
     hosts: list[str] = Field(min_length=1, max_length=16)
 
 
+_SECRETS: Any = Field(
+    default_factory=dict,
+    max_length=16,
+    description="Variables whose values the code never sees, e.g. {'GITHUB_TOKEN': {'value': '...', "
+    "'hosts': ['api.github.com']}}: their hosts must be on the egress allowlist. Never echoed back.",
+)
+
+
 class RunIn(_In):
     code: str = Field(max_length=MAX_CODE_CHARS)
     language: str = "python"
     timeout_seconds: float | None = _TIMEOUT
     stdin: str | None = Field(None, max_length=MAX_CODE_CHARS)
     limits: LimitsIn = Field(default_factory=LimitsIn)
-    secrets: dict[str, SecretIn] = Field(
-        default_factory=dict,
-        max_length=16,
-        description="Variables whose values the code never sees, e.g. {'GITHUB_TOKEN': {'value': '...', "
-        "'hosts': ['api.github.com']}}: their hosts must be on limits.egress. Never echoed back.",
-    )
+    secrets: dict[str, SecretIn] = _SECRETS
     stream: bool = Field(
         False,
         description="Answer with server-sent events: `stdout` and `stderr` ({text}) as output arrives, then "
@@ -92,11 +97,18 @@ class SessionRunIn(_In):
     language: str = "python"
     timeout_seconds: float | None = _TIMEOUT
     stdin: str | None = Field(None, max_length=MAX_CODE_CHARS)
+    secrets: dict[str, SecretIn] = _SECRETS
 
 
 class CellIn(_In):
     code: str = Field(max_length=MAX_CODE_CHARS)
     timeout_seconds: float | None = _TIMEOUT
+    secrets: dict[str, SecretIn] = _SECRETS
+
+
+def secrets_of(given: dict[str, SecretIn]) -> dict[str, Secret]:
+    """Request secrets as the core's ``Secret``s (``InvalidArgument`` for a bad one)."""
+    return {name: Secret(s.value, hosts=s.hosts) for name, s in given.items()}
 
 
 class SessionIn(_In):

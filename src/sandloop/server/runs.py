@@ -6,11 +6,9 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from sandloop.contract import SandboxError
-from sandloop.contract.egress import Secret
 from sandloop.server.context import Api, Auth
 from sandloop.server.errors import ApiError
-from sandloop.server.models import AgentRunIn, RunIn
+from sandloop.server.models import AgentRunIn, RunIn, secrets_of
 from sandloop.server.providers import EndpointConfigError, EndpointRefused
 from sandloop.server.quota import check_agent_budget
 
@@ -32,10 +30,7 @@ def runs_routes(api: Api) -> APIRouter:
         events: output as it arrives, then the result."""
         limits = limits_for(token, body.limits)
         timeout = clamp_timeout(token, body.timeout_seconds)
-        try:
-            secrets = {name: Secret(s.value, hosts=s.hosts) for name, s in body.secrets.items()}
-        except SandboxError as exc:
-            raise ApiError(400, "invalid_argument", str(exc)) from None
+        secrets = secrets_of(body.secrets)
         if body.stream:
             import codecs
 

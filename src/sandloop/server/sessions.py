@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 from sandloop.contract import parse_size
 from sandloop.server.context import Api, Auth
 from sandloop.server.errors import ApiError
-from sandloop.server.models import CellIn, SessionIn, SessionRunIn
+from sandloop.server.models import CellIn, SessionIn, SessionRunIn, secrets_of
 from sandloop.server.quota import check_session_room
 
 
@@ -63,14 +63,20 @@ def session_routes(api: Api) -> APIRouter:
     @router.post("/v1/sessions/{session_id}/runs")
     def session_run(session_id: str, body: SessionRunIn, token: Auth) -> dict[str, Any]:
         timeout = clamp_timeout(token, body.timeout_seconds)
+        secrets = secrets_of(body.secrets)
         return count(
-            with_session(token, session_id, lambda s: s.run(body.code, body.language, timeout, stdin=body.stdin))
+            with_session(
+                token,
+                session_id,
+                lambda s: s.run(body.code, body.language, timeout, stdin=body.stdin, secrets=secrets),
+            )
         )
 
     @router.post("/v1/sessions/{session_id}/cells")
     def session_cell(session_id: str, body: CellIn, token: Auth) -> dict[str, Any]:
         timeout = clamp_timeout(token, body.timeout_seconds)
-        return count(with_session(token, session_id, lambda s: s.run_cell(body.code, timeout)))
+        secrets = secrets_of(body.secrets)
+        return count(with_session(token, session_id, lambda s: s.run_cell(body.code, timeout, secrets=secrets)))
 
     @router.get("/v1/sessions/{session_id}/files")
     def list_files(session_id: str, token: Auth, path: str = ".") -> list[dict[str, Any]]:
