@@ -185,3 +185,11 @@ def test_a_tokens_egress_policy_bounds_what_its_runs_may_ask_for(tmp_path):
         r = run(scoped, ["a.example.com"])  # within the policy: on to the backend (the fake has no proxy)
         assert r.status_code == 400 and "no egress proxy" in r.json()["message"]
         assert run(plain, []).json()["stdout"] == "1\n"
+        # an agent run's secrets are checked before any model is called
+        agent = {
+            "task": "t",
+            "limits": {"egress": ["a.example.com"]},
+            "secrets": {"KEY": {"value": "v", "hosts": ["b.example.com"]}},
+        }
+        r = httpx.post(f"{url}/v1/agent/runs", json=agent, headers={"Authorization": f"Bearer {scoped}"})
+        assert (r.status_code, r.json()["code"]) == (400, "invalid_argument") and "does not reach" in r.text

@@ -133,3 +133,4 @@ class AgentRunIn(_In):
         description="Per sandbox run; left out, 30 (or the token's ceiling).",
     )
     limits: LimitsIn = Field(default_factory=LimitsIn)
+    secrets: dict[str, SecretIn] = _SECRETS

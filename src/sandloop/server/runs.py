@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from sandloop.requests import check_secrets
 from sandloop.server.context import Api, Auth
 from sandloop.server.errors import ApiError
 from sandloop.server.models import AgentRunIn, RunIn, secrets_of
@@ -93,6 +94,7 @@ def runs_routes(api: Api) -> APIRouter:
 
         limits = limits_for(token, body.limits)
         timeout = clamp_timeout(token, body.timeout_seconds)
+        secrets = check_secrets(secrets_of(body.secrets), limits)  # checked before the model is called
         try:
             endpoint = endpoints.resolve(body.provider, body.base_url, token.provider_urls)
             key = endpoint.api_key()
@@ -132,7 +134,9 @@ def runs_routes(api: Api) -> APIRouter:
                         )
 
             try:
-                tools = [execute_code_tool(limits=limits, default_timeout=timeout, runner=root.run_code)]
+                tools = [
+                    execute_code_tool(limits=limits, default_timeout=timeout, runner=root.run_code, secrets=secrets)
+                ]
                 result = run_agent(body.task, client, iterations, tools=tools, on_event=on_event)
             except BudgetSpent as exc:
                 emit("error", {"code": "over_daily_budget", "message": str(exc)})
