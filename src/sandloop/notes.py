@@ -23,6 +23,8 @@ _NETWORK_FAILURE = re.compile(
 )
 _READ_ONLY = re.compile(r"(Read-only file system|EROFS)", re.IGNORECASE)
 _NO_SPACE = re.compile(r"(No space left on device|ENOSPC)", re.IGNORECASE)
+#: coreutils' ls/stat under this gVisor: its statx refuses AT_NO_AUTOMOUNT with EINVAL.
+_GVISOR_STATX = re.compile(r"(cannot access '.*': Invalid argument|cannot statx '.*': Invalid argument)")
 
 
 def _kib(n: int) -> str:
@@ -109,6 +111,12 @@ def sandbox_notes(result: ExecutionResult) -> list[str]:
         notes.append(
             f"read-only file system: only /tmp (a {limits.tmpfs_size} scratch tmpfs) is writable "
             "here. Write files under /tmp."
+        )
+    if limits.runtime == "runsc" and _GVISOR_STATX.search(result.stderr):
+        notes.append(
+            "'Invalid argument' from ls or stat is this gVisor's, not the file's: its statx refuses a "
+            'flag coreutils passes. List and inspect files another way (python3 -c "import os; '
+            "print(os.listdir('.'))\", find, or Node's fs), or use runtime runc."
         )
     if _NO_SPACE.search(result.stderr):
         notes.append(

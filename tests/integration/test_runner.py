@@ -129,3 +129,17 @@ def test_huge_source_file_runs(limits):
     code = "x = 0\n" + "x += 1\n" * 300_000 + "print(x)\n"
     r = run_code(code, limits=SandboxLimits(runtime=limits.runtime, memory="512m"), timeout_seconds=120)
     assert r.stdout == "300000\n", r.stderr[-500:]
+
+
+def test_ls_works_on_runc_and_gvisors_statx_quirk_is_explained(runtime):
+    """This gVisor's statx refuses AT_NO_AUTOMOUNT (EINVAL), which coreutils' ls passes: under
+    runsc `ls` fails on every path, and the note says why and what works instead."""
+    from sandloop.notes import sandbox_notes
+
+    r = run_code("ls -d /tmp; python3 -c 'import os; print(os.path.isdir(\"/tmp\"))'", "bash",
+                 limits=SandboxLimits(runtime=runtime))  # fmt: skip
+    if runtime == "runc":
+        assert r.stdout == "/tmp\nTrue\n" and not sandbox_notes(r)
+    else:
+        assert r.stdout == "True\n" and "Invalid argument" in r.stderr, (r.stdout, r.stderr)
+        assert any("this gVisor's, not the file's" in n for n in sandbox_notes(r))

@@ -69,3 +69,9 @@ def test_a_cell_interrupted_for_time_keeps_its_interpreter_and_says_so():
 def test_a_cut_value_is_explained():
     notes = sandbox_notes(CellResult(exit_code=0, duration_seconds=0.1, value="'xx...", value_omitted_chars=500))
     assert any("value cut" in n and "500" in n for n in notes)
+
+
+def test_gvisor_statx_note_only_under_runsc():
+    err = "ls: cannot access '/tmp': Invalid argument\n"
+    assert any("gVisor" in n for n in sandbox_notes(_r(exit_code=2, stderr=err, limits=SandboxLimits(runtime="runsc"))))
+    assert not any("gVisor" in n for n in sandbox_notes(_r(exit_code=2, stderr=err)))
