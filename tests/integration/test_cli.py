@@ -138,3 +138,17 @@ def _exists(client, container_id: str) -> bool:
         return True
     except docker.errors.NotFound:
         return False
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("run", "--allow", "a b", "-c", "print(1)"),  # an allowlist rule that is no hostname
+        ("run", "--memory", "lots", "-c", "print(1)"),
+        ("run", "-l", "cobol", "-c", "print(1)"),
+        ("run", "--network", "--allow", "pypi.org", "-c", "print(1)"),  # both: choose one
+    ],
+)
+def test_a_bad_limit_or_language_is_a_usage_error(args):
+    r = sandloop(*args)
+    assert r.returncode == 2 and b"Traceback" not in r.stderr and b"sandloop:" in r.stderr, r.stderr

@@ -12,6 +12,7 @@ from rich.table import Table
 from sandloop import languages
 from sandloop.cli.common import (
     _CODE_OPTION,
+    EXIT_SANDBOX,
     SECRET_HELP,
     _exit_for,
     _fail,
@@ -23,7 +24,7 @@ from sandloop.cli.common import (
     out,
     parse_secrets,
 )
-from sandloop.contract import SandboxError, SandboxLimits
+from sandloop.contract import InvalidArgument, SandboxError, SandboxLimits, UnknownLanguage
 
 
 @app.command()
@@ -78,7 +79,8 @@ def run(
     except SandboxError as exc:
         if as_json:
             print(json.dumps({"code": exc.code, "message": str(exc)}))
-        raise _fail(str(exc)) from None
+        usage = isinstance(exc, InvalidArgument | UnknownLanguage)  # the caller's to fix, like a bad option
+        raise _fail(str(exc), 2 if usage else EXIT_SANDBOX) from None
     _print_result(result, as_json)
     raise _exit_for(result)
 
