@@ -39,7 +39,7 @@ class DockerConfig(BaseModel):
             call_timeout=settings.engine_timeout,
             home=settings.home,
             egress_hosts=settings.egress_hosts,
-            egress_upstream_ca=str(settings.egress_upstream_ca) if settings.egress_upstream_ca else None,
+            egress_upstream_ca=settings.egress_upstream_ca,
         )
 
 
@@ -65,7 +65,7 @@ class OCIConfig(BaseModel):
             call_timeout=settings.engine_timeout,
             home=settings.home,
             egress_hosts=settings.egress_hosts,
-            egress_upstream_ca=str(settings.egress_upstream_ca) if settings.egress_upstream_ca else None,
+            egress_upstream_ca=settings.egress_upstream_ca,
         )
         return OCIBackend(docker, store=self.store, state=self.state, fallback=self.fallback)
 

@@ -87,7 +87,7 @@ class DockerBackend:
         call_timeout: float = 30.0,
         home: Path | None = None,
         egress_hosts: Mapping[str, str] | None = None,
-        egress_upstream_ca: str | None = None,
+        egress_upstream_ca: Path | None = None,
     ) -> None:
         self._base_url = base_url
         self._egress_hosts = dict(egress_hosts or {})
@@ -142,10 +142,15 @@ class DockerBackend:
                     egress_state(),
                     hosts=self._egress_hosts,
                     ca_dir=self._home / "egress-ca",
-                    upstream_ca=self._egress_upstream_ca,
+                    upstream_ca=str(self._egress_upstream_ca) if self._egress_upstream_ca else None,
                 )
                 self._egress.collect_garbage()
             return self._egress
+
+    def _egress_dirs(self) -> EgressProxy:
+        """The proxy if this process runs one, else a view of the sockets' directories that serves
+        nothing (housekeeping must not start a proxy, or collect garbage, to remove a directory)."""
+        return self._egress or EgressProxy(egress_state())
 
     def close(self) -> None:
         with self._lock:
@@ -434,8 +439,7 @@ class DockerBackend:
 
     def delete_workspace(self, session_id: str) -> None:
         self.workspaces.delete(session_id)
-        if self._egress is not None or egress_state().is_dir():
-            self.egress.close(kernel_egress_key(session_id))  # its interpreter's, if it had an allowlist
+        self._egress_dirs().close(kernel_egress_key(session_id))  # its interpreter's, if it had an allowlist
 
     # -- housekeeping -------------------------------------------------------------------------
     def owned(self) -> list[Owned]:
@@ -448,14 +452,14 @@ class DockerBackend:
             volumes = self.api.volumes(filters={"label": label}).get("Volumes") or []
             out += [Owned("workspace", v["Name"], v.get("Labels") or {}) for v in volumes]
         # Egress proxy sockets a process left (killed before its sandbox's teardown).
-        proxy = self._egress or EgressProxy(egress_state())
+        proxy = self._egress_dirs()
         for key, owner in proxy.leftovers():
             out.append(Owned("egress", key, {f"{LABEL_PREFIX}owner": owner, f"{LABEL_PREFIX}purpose": "egress"}))
         return out
 
     def remove(self, item: Owned) -> str | None:
         if item.kind == "egress":
-            (self._egress or EgressProxy(egress_state())).remove(item.id)
+            self._egress_dirs().remove(item.id)
             return None
         if item.kind == "sandbox":  # the reaper reports a failure: no retries behind its back
             error = self._remove(item.id, retry=False)
