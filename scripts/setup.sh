@@ -32,4 +32,16 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 
+# The oldest E2B SDKs sandloop's E2B-compatible API supports, in a venv of their own (the tests
+# drive them from there; the newest are in the dev extras).
+OLD_E2B="${SANDLOOP_OLD_E2B_VENV:-.venv-e2b-old}"
+if [ ! -f "$OLD_E2B/.installed-2.26.0-2.9.0" ]; then
+    echo "setup: creating $OLD_E2B (e2b 2.26.0, e2b-code-interpreter 2.9.0)" >&2
+    "$PYTHON" -m venv "$OLD_E2B"
+    "$OLD_E2B/bin/pip" install --quiet --disable-pip-version-check "e2b==2.26.0" "e2b-code-interpreter==2.9.0" 2>&1 \
+        | grep -v '^WARNING: Location' || true
+    "$OLD_E2B/bin/python" -c "import e2b_code_interpreter"
+    touch "$OLD_E2B/.installed-2.26.0-2.9.0"
+fi
+
 "$VENV/bin/sandloop" images build

@@ -18,11 +18,12 @@ from sandloop.contract.errors import (
     WorkspaceFull,
 )
 from sandloop.contract.limits import DEFAULT_LIMITS, SandboxLimits, format_size, parse_size
-from sandloop.contract.result import Artifact, CellResult, ExecutionResult
+from sandloop.contract.result import Artifact, CellError, CellResult, ExecutionResult
 
 __all__ = [
     "DEFAULT_LIMITS",
     "Artifact",
+    "CellError",
     "CellResult",
     "EgressAttempt",
     "PathRefused",

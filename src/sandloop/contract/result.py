@@ -60,6 +60,16 @@ class Artifact(BaseModel):
     data: bytes
 
 
+class CellError(BaseModel):
+    """The exception a cell raised, as a notebook shows it (its traceback also went to stderr)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    value: str
+    traceback: str
+
+
 class CellResult(ExecutionResult):
     """A cell run in a session's stateful interpreter."""
 
@@ -68,6 +78,8 @@ class CellResult(ExecutionResult):
     #: The repr was longer than the kernel shows (20,000 characters) and was cut; this many were omitted.
     value_omitted_chars: int = 0
     artifacts: list[Artifact] = Field(default_factory=list)
+    #: The exception the cell raised (None when it ran through, or its interpreter died).
+    error: CellError | None = None
     #: The interpreter had to be killed (OOM, or it ignored the interrupt): its state is gone and
     #: the next cell starts a fresh one.
     interpreter_restarted: bool = False

@@ -22,6 +22,7 @@ one looks inside.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -143,10 +144,14 @@ class Backend(Protocol[S]):
         interrupt_after: float,
         grace: float,
         secrets: Mapping[str, Secret] | None = None,
+        on_output: Callable[[str, bytes], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> CellResult:
         """Run a cell in a session's interpreter. Past ``interrupt_after`` seconds the cell is
         interrupted (its state survives); if the interpreter has not answered ``grace`` seconds
-        later, or it died, the result says ``interpreter_restarted`` and the caller destroys it."""
+        later, or it died, the result says ``interpreter_restarted`` and the caller destroys it.
+        ``on_output("stdout" | "stderr", data)`` sees output as it arrives; setting ``cancel``
+        interrupts the cell as its timeout would (its caller went away)."""
         ...
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> S | None:

@@ -23,11 +23,12 @@ import contextlib
 import functools
 import json
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sandloop.contract import Artifact, CellResult, ExecutionResult, SandboxLimits
+from sandloop.contract import Artifact, CellError, CellResult, ExecutionResult, SandboxLimits
 
 if TYPE_CHECKING:
     from sandloop.runtime.base import RunRequest
@@ -243,20 +244,41 @@ def collect(channel: Channel, collector: Collector, deadline: float) -> bool:
             return True
 
 
-def cell_collector(previous: Collector | None, limit: int, nonce: str) -> Collector:
+def cell_collector(
+    previous: Collector | None, limit: int, nonce: str, on_output: Callable[[str, bytes], None] | None = None
+) -> Collector:
     """The collector for a session interpreter's next cell; output a thread printed after the
-    previous cell's end line comes first."""
-    stdout, stderr = CappedStream(limit), CappedStream(limit)
+    previous cell's end line comes first. ``on_output("stdout" | "stderr", data)`` sees the kept
+    output as it arrives."""
+    if on_output is None:
+        stdout, stderr = CappedStream(limit), CappedStream(limit)
+    else:
+        emit = on_output
+        stdout = CappedStream(limit, lambda data: emit("stdout", data))
+        stderr = CappedStream(limit, lambda data: emit("stderr", data))
     return Collector(stdout, stderr, nonce) if previous is None else previous.next(stdout, stderr, nonce)
 
 
 def await_cell(
-    channel: Channel, collector: Collector, *, interrupt_after: float, grace: float, interrupt: Callable[[], None]
+    channel: Channel,
+    collector: Collector,
+    *,
+    interrupt_after: float,
+    grace: float,
+    interrupt: Callable[[], None],
+    cancel: threading.Event | None = None,
 ) -> tuple[bool, bool]:
-    """Collect a cell's output; past ``interrupt_after`` call ``interrupt()`` (SIGINT: the
-    interpreter's state survives) and wait ``grace`` more seconds. Returns (timed_out, gone):
-    ``gone`` when the interpreter did not answer or died, so the caller replaces it."""
-    finished = collect(channel, collector, time.monotonic() + interrupt_after)
+    """Collect a cell's output; past ``interrupt_after`` (or once ``cancel`` is set: the caller
+    went away) call ``interrupt()`` (SIGINT: the interpreter's state survives) and wait ``grace``
+    more seconds. Returns (timed_out, gone): ``gone`` when the interpreter did not answer or
+    died, so the caller replaces it."""
+    deadline = time.monotonic() + interrupt_after
+    if cancel is None:
+        finished = collect(channel, collector, deadline)
+    else:
+        while not (finished := collect(channel, collector, min(deadline, time.monotonic() + 0.25))):
+            if cancel.is_set() or time.monotonic() >= deadline:
+                break
     if finished:
         return False, collector.exit_status is None  # EOF without an end line: it died (OOM, exit)
     with contextlib.suppress(Exception):  # an interpreter that cannot be signalled is replaced below
@@ -354,7 +376,7 @@ def cell_result(
     collector.flush()
     status = collector.exit_status
     exit_code = -1 if timed_out else status if status is not None else 137 if oom_killed else 1
-    value, omitted, artifacts = None, 0, []
+    value, omitted, artifacts, error = None, 0, [], None
     if collector.exit_status is not None and collector.payload:
         reply = json.loads(base64.b64decode(collector.payload))
         value = reply.get("value")
@@ -363,6 +385,8 @@ def cell_result(
             Artifact(name=a["name"], mime_type=a["mime"], data=base64.b64decode(a["data"]))
             for a in reply.get("artifacts", [])
         ]
+        if isinstance(reply.get("error"), dict):
+            error = CellError(**reply["error"])
     return CellResult(
         **_streams(collector.stdout, collector.stderr),
         exit_code=exit_code,
@@ -375,6 +399,7 @@ def cell_result(
         value=value,
         value_omitted_chars=omitted,
         artifacts=artifacts,
+        error=error,
         interpreter_restarted=interpreter_restarted,
     )
 

@@ -13,6 +13,7 @@ provider endpoints the operator listed (providers.py).
     context.py   Api: shared state and the rules a route applies; auth
     runs.py      /v1/runs (optionally streamed), /v1/agent/runs, /v1/usage
     sessions.py  /v1/sessions, files, archives
+    e2b/         E2B's control plane, envd and code interpreter (E2B's SDKs, unchanged)
     pages.py     /, /docs, /healthz, /metrics
 """
 
@@ -25,6 +26,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sandloop.contract import SandboxError
 from sandloop.server.context import Api
+from sandloop.server.e2b import mount_e2b
+from sandloop.server.e2b.control import CONTROL_PATH
 from sandloop.server.errors import ApiError, error_for
 from sandloop.server.guard import RequestGuard
 from sandloop.server.models import MAX_ARCHIVE_BYTES, MAX_FILE_BYTES, MAX_JSON_BYTES
@@ -78,7 +81,11 @@ def create_app(
     app.state.tokens, app.state.metrics = store, metrics
 
     def protected(path: str) -> bool:
-        return path.startswith("/v1/") or (path == "/metrics" and metrics_access == "token")
+        return (
+            path.startswith("/v1/")
+            or bool(CONTROL_PATH.match(path))
+            or (path == "/metrics" and metrics_access == "token")
+        )
 
     def body_cap(method: str, path: str) -> int:
         if _is_file_put(method, path):
@@ -129,4 +136,5 @@ def create_app(
     add_pages(app, api, metrics_access)
     app.include_router(runs_routes(api))
     app.include_router(session_routes(api))
+    mount_e2b(app, api)  # E2B's SDKs: the control plane here, sandbox traffic split off in front
     return app

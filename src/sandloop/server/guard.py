@@ -58,8 +58,14 @@ def _json(status: int, code: str, message: str, headers: Sequence[tuple[bytes, b
     ]
 
 
-def bearer_token(tokens: TokenStore, authorization: str) -> Token | str:
-    """The token a header names, or the reason it is refused."""
+def bearer_token(tokens: TokenStore, authorization: str, api_key: str = "") -> Token | str:
+    """The token a header names (``Authorization: Bearer``, or E2B's ``X-API-Key``), or the
+    reason it is refused."""
+    if api_key and not authorization:
+        if not api_key.startswith("e2b_") or not all(c in "0123456789abcdef" for c in api_key[4:]) or len(api_key) < 8:
+            return "malformed API key: keys look like e2b_ followed by hex (`sandloop tokens create NAME`)"
+        token = tokens.verify(api_key)
+        return token if token is not None else "unknown or revoked API key"
     scheme, _, secret = authorization.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         return "send Authorization: Bearer <token> (create one with `sandloop tokens create NAME`)"
@@ -71,7 +77,8 @@ class RequestGuard:
     """``RequestGuard(app, tokens, body_cap=..., protected=...)``.
 
     ``body_cap(method, path)`` gives the largest body a route accepts; ``protected(path)`` says
-    whether it needs a token.
+    whether it needs a token. ``authenticate(headers)`` replaces the token check: it returns what
+    the routes get in ``scope["state"]["token"]``, or the reason to refuse (a string).
     """
 
     def __init__(
@@ -82,8 +89,16 @@ class RequestGuard:
         body_cap: Callable[[str, str], int],
         protected: Callable[[str], bool],
         on_reject: Callable[[str], Any] | None = None,
+        authenticate: Callable[[dict[bytes, bytes]], object] | None = None,
     ) -> None:
         self.app, self.tokens, self.body_cap, self.protected = app, tokens, body_cap, protected
+        self.authenticate = authenticate or (
+            lambda headers: bearer_token(
+                self.tokens,
+                headers.get(b"authorization", b"").decode("latin-1"),
+                headers.get(b"x-api-key", b"").decode("latin-1"),
+            )
+        )
         self.on_reject = on_reject or (lambda code: None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -108,7 +123,7 @@ class RequestGuard:
                 await refuse(413, "too_large", f"this route accepts bodies up to {cap} bytes")
                 return
         if self.protected(path):
-            found = bearer_token(self.tokens, headers.get(b"authorization", b"").decode("latin-1"))
+            found = self.authenticate(headers)
             if isinstance(found, str):
                 await refuse(401, "unauthorized", found, [(b"www-authenticate", b"Bearer")])
                 return

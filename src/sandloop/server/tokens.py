@@ -171,7 +171,7 @@ class TokenStore:
         _validate(row)
         row["provider_urls"] = json.dumps(list(token.provider_urls))
         row["egress"] = json.dumps(list(token.egress))
-        secret = "sl_" + secrets.token_urlsafe(32)
+        secret = "e2b_" + secrets.token_hex(32)  # the shape E2B's SDKs accept as an API key
         row["hash"] = _hash(secret)
         with self._lock:
             if self._db.execute("SELECT 1 FROM tokens WHERE name = ? AND revoked IS NULL", (name,)).fetchone():
@@ -188,6 +188,12 @@ class TokenStore:
         if row is None or not hmac.compare_digest(row["hash"], digest) or row["revoked"] is not None:
             return None
         return self._token(row)
+
+    def get(self, token_id: str) -> Token | None:
+        """The active token with this id (None if unknown or revoked)."""
+        with self._lock:
+            row = self._db.execute("SELECT * FROM tokens WHERE id = ? AND revoked IS NULL", (token_id,)).fetchone()
+        return None if row is None else self._token(row)
 
     def list(self) -> list[Token]:
         with self._lock:

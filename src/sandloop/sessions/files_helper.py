@@ -60,15 +60,65 @@ def entry(path, name):
         if stat.S_ISLNK(st.st_mode)
         else "other"
     )
-    return {"name": name, "size": st.st_size, "type": kind, "mtime": st.st_mtime}
+    info = {"name": name, "size": st.st_size, "type": kind, "mtime": st.st_mtime, "mode": stat.S_IMODE(st.st_mode)}
+    if kind == "symlink":
+        info["target"] = os.readlink(path)
+    return info
 
 
 def op_list(args, data):
-    path = resolve(args.get("path", "."))
+    """Entries of a directory (``path`` relative to the workspace in each), ``depth`` levels down."""
+    rel = args.get("path", ".")
+    path = resolve(rel)
     if not os.path.isdir(path):
         return {"entries": [entry(path, os.path.basename(path))]}
-    names = sorted(os.listdir(path))
-    return {"entries": [entry(os.path.join(path, n), n) for n in names]}
+    out = []
+
+    def walk(directory, prefix, depth):
+        for n in sorted(os.listdir(directory)):
+            full = os.path.join(directory, n)
+            e = entry(full, n)
+            e["path"] = prefix + n
+            out.append(e)
+            if len(out) > 100000:
+                raise TooBig("more than 100000 entries under %s; list less at a time" % rel)
+            if depth > 1 and e["type"] == "dir":
+                walk(full, prefix + n + "/", depth - 1)
+
+    walk(path, "" if rel in ("", ".") else rel.rstrip("/") + "/", max(1, int(args.get("depth") or 1)))
+    return {"entries": out}
+
+
+def op_stat(args, data):
+    rel = args["path"]
+    path = os.path.join(resolve(os.path.dirname(rel) or "."), os.path.basename(rel)) if rel not in ("", ".") else ROOT
+    if not os.path.lexists(path):
+        raise Missing("no such file or directory in the workspace: %s" % rel)
+    return {"entry": entry(path, os.path.basename(path) if rel not in ("", ".") else "")}
+
+
+def op_mkdir(args, data):
+    path = resolve(args["path"], must_exist=False)
+    if os.path.lexists(path):
+        return {"created": False}
+    os.makedirs(path)
+    resolve(args["path"])  # none of the new parents may lead out
+    return {"created": True}
+
+
+def op_move(args, data):
+    src_rel, dst_rel = args["path"], args["dest"]
+    if src_rel in ("", ".") or dst_rel in ("", "."):
+        raise Refused("refusing to move the workspace itself")
+    src = os.path.join(resolve(os.path.dirname(src_rel) or "."), os.path.basename(src_rel))
+    if not os.path.lexists(src):
+        raise Missing("no such file or directory in the workspace: %s" % src_rel)
+    dst_dir = resolve(os.path.dirname(dst_rel) or ".", must_exist=False)
+    os.makedirs(dst_dir, exist_ok=True)
+    resolve(os.path.dirname(dst_rel) or ".")
+    dst = os.path.join(dst_dir, os.path.basename(dst_rel))
+    os.rename(src, dst)
+    return {"entry": entry(dst, os.path.basename(dst))}
 
 
 def op_read(args, data):
@@ -248,6 +298,9 @@ OPS = {
     "read": op_read,
     "write": op_write,
     "delete": op_delete,
+    "stat": op_stat,
+    "mkdir": op_mkdir,
+    "move": op_move,
     "upload": op_upload,
     "download": op_download,
 }

@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,13 @@ class Kernel:
         self._sandbox = None
 
     def run(
-        self, code: str, timeout_seconds: float, limits: SandboxLimits, secrets: Mapping[str, Secret] | None = None
+        self,
+        code: str,
+        timeout_seconds: float,
+        limits: SandboxLimits,
+        secrets: Mapping[str, Secret] | None = None,
+        on_output: Callable[[str, bytes], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> CellResult:
         with self._locked():
             sandbox = self._connect()
@@ -74,6 +81,8 @@ class Kernel:
                 interrupt_after=timeout_seconds,
                 grace=INTERRUPT_GRACE_SECONDS,
                 secrets=secrets,
+                on_output=on_output,
+                cancel=cancel,
             )
             if result.interpreter_restarted:
                 self._drop(remove=True)

@@ -22,7 +22,8 @@ import json
 import math
 import os
 import tarfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path, PurePosixPath
@@ -215,15 +216,23 @@ class Session:
         return self._dispatcher.run(request, pool_size=1)
 
     def run_cell(
-        self, code: str, timeout_seconds: float = 30, *, secrets: Mapping[str, Secret] | None = None
+        self,
+        code: str,
+        timeout_seconds: float = 30,
+        *,
+        secrets: Mapping[str, Secret] | None = None,
+        on_output: Callable[[str, bytes], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> CellResult:
         """Run a cell in the session's Python interpreter: globals persist between cells.
-        ``secrets`` as for ``run_code``: their placeholders stay set in the interpreter."""
+        ``secrets`` as for ``run_code``: their placeholders stay set in the interpreter.
+        ``on_output("stdout" | "stderr", data)`` sees output as it arrives; setting ``cancel``
+        interrupts the cell (as its timeout would)."""
         self._live()
         if not isinstance(code, str):
             raise InvalidArgument("a cell must be a string of Python")
         checked = check_secrets(secrets or {}, self.limits)
-        return self._kernel.run(code, check_timeout(timeout_seconds), self.limits, checked)
+        return self._kernel.run(code, check_timeout(timeout_seconds), self.limits, checked, on_output, cancel)
 
     # -- files ----------------------------------------------------------------------------------
     def _files(self, op: str, args: dict[str, Any], data: bytes = b"", output: int = 1024 * 1024) -> dict[str, Any]:
@@ -268,6 +277,25 @@ class Session:
 
     def list_files(self, path: str = ".") -> builtins.list[dict[str, Any]]:
         return builtins.list(self._files("list", {"path": check_path(path)}, output=16 * 1024 * 1024)["entries"])
+
+    def list_tree(self, path: str = ".", depth: int = 1) -> builtins.list[dict[str, Any]]:
+        """Entries ``depth`` levels down, each with its ``path`` relative to the workspace."""
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 64:
+            raise InvalidArgument(f"depth must be between 1 and 64, got {depth!r}")
+        reply = self._files("list", {"path": check_path(path), "depth": depth}, output=64 * 1024 * 1024)
+        return builtins.list(reply["entries"])
+
+    def stat(self, path: str) -> dict[str, Any]:
+        """One entry (name, type, size, mode, mtime) of a file or directory; not followed if a link."""
+        return dict(self._files("stat", {"path": check_path(path)})["entry"])
+
+    def make_dir(self, path: str) -> bool:
+        """Make a directory and its parents; False if something was already there."""
+        return bool(self._files("mkdir", {"path": check_path(path)})["created"])
+
+    def move(self, path: str, dest: str) -> dict[str, Any]:
+        """Rename a file or directory within the workspace; its new entry."""
+        return dict(self._files("move", {"path": check_path(path), "dest": check_path(dest)})["entry"])
 
     def delete_file(self, path: str) -> None:
         self._files("delete", {"path": check_path(path)})

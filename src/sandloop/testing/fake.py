@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -227,12 +227,14 @@ class FakeBackend:
         interrupt_after: float,
         grace: float,
         secrets: Mapping[str, Secret] | None = None,
+        on_output: Callable[[str, bytes], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> CellResult:
         if secrets:
             raise InvalidArgument("the test double (fake backend) has no egress proxy: secrets need docker or oci")
         started = time.monotonic()
         nonce = protocol.new_nonce()
-        collector = kernel.collector = protocol.cell_collector(kernel.collector, limits.output_limit, nonce)
+        collector = kernel.collector = protocol.cell_collector(kernel.collector, limits.output_limit, nonce, on_output)
         stdin = kernel.proc.stdin
         assert stdin is not None
         try:
@@ -246,6 +248,7 @@ class FakeBackend:
             interrupt_after=interrupt_after,
             grace=grace,
             interrupt=lambda: kernel.proc.send_signal(signal.SIGINT),
+            cancel=cancel,
         )
         return protocol.cell_result(
             collector,

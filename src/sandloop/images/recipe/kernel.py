@@ -13,6 +13,7 @@ import ast
 import base64
 import io
 import json
+import linecache
 import os
 import signal
 import sys
@@ -42,14 +43,24 @@ def _figures():
     return out
 
 
+def _error(exc, tb):
+    """The exception as a notebook reports it: name, message, formatted traceback."""
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+    except Exception:
+        text = "%s: %s\n" % (type(exc).__name__, exc)
+    return {"name": type(exc).__name__, "value": str(exc), "traceback": text[-MAX_VALUE_CHARS:]}
+
+
 def run_cell(code, namespace):
-    """Returns (status, value repr or None, characters of the repr omitted)."""
+    """Returns (status, value repr or None, characters of the repr omitted, error or None)."""
     filename = "<cell>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)  # tracebacks show source
     try:
         tree = ast.parse(code, filename)
     except SyntaxError as exc:
         sys.excepthook(type(exc), exc.with_traceback(None), None)
-        return 1, None, 0
+        return 1, None, 0, _error(exc, None)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
@@ -57,19 +68,19 @@ def run_cell(code, namespace):
         exec(compile(tree, filename, "exec"), namespace)
         value = eval(compile(last, filename, "eval"), namespace) if last is not None else None
     except SystemExit as exc:
-        return launcher.exit_status(exc.code), None, 0
+        return launcher.exit_status(exc.code), None, 0, None
     except BaseException as exc:
         tb = exc.__traceback__.tb_next if exc.__traceback__ else None
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        return (130 if isinstance(exc, KeyboardInterrupt) else 1), None, 0
+        return (130 if isinstance(exc, KeyboardInterrupt) else 1), None, 0, _error(exc, tb)
     if value is None:
-        return 0, None, 0
+        return 0, None, 0, None
     namespace["_"] = value
     text = repr(value)
     omitted = max(0, len(text) - MAX_VALUE_CHARS)
     if omitted:
         text = text[:MAX_VALUE_CHARS] + "... [%d characters omitted]" % omitted
-    return 0, text, omitted
+    return 0, text, omitted, None
 
 
 def serve():
@@ -101,16 +112,17 @@ def serve():
         if header.get("ca"):
             launcher.trust(header["ca"])
         try:
-            status, value, omitted = run_cell(code, main.__dict__)
+            status, value, omitted, error = run_cell(code, main.__dict__)
             artifacts = _figures()
         except KeyboardInterrupt:
             status, value, omitted, artifacts = 130, None, 0, []
+            error = {"name": "KeyboardInterrupt", "value": "", "traceback": "KeyboardInterrupt\n"}
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:
                 pass
-        reply = {"value": value, "value_omitted": omitted, "artifacts": artifacts}
+        reply = {"value": value, "value_omitted": omitted, "artifacts": artifacts, "error": error}
         payload = base64.b64encode(json.dumps(reply).encode())
         line = b"\0\x1esandloop-exit:%s:%d" % (nonce.encode(), status)
         for fd, data in ((1, line + b":" + payload + b"\n"), (2, line + b"\n")):

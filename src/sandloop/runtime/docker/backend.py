@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -319,12 +319,14 @@ class DockerBackend:
         interrupt_after: float,
         grace: float,
         secrets: Mapping[str, Secret] | None = None,
+        on_output: Callable[[str, bytes], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> CellResult:
         started = time.monotonic()
         nonce = protocol.new_nonce()
         env, ca_pem = self._arm(kernel, secrets)
         seen_before = self.egress.attempt_count(kernel.egress) if kernel.egress else 0
-        collector = kernel.collector = protocol.cell_collector(kernel.collector, limits.output_limit, nonce)
+        collector = kernel.collector = protocol.cell_collector(kernel.collector, limits.output_limit, nonce, on_output)
         kernel.sock.sendall(protocol.encode_cell(code, nonce, env=env, ca_pem=ca_pem))
         timed_out, gone = protocol.await_cell(
             kernel.channel,
@@ -332,6 +334,7 @@ class DockerBackend:
             interrupt_after=interrupt_after,
             grace=grace,
             interrupt=lambda: self.api.kill(kernel.id, signal="SIGINT"),
+            cancel=cancel,
         )
         oom = False
         if gone and not timed_out:

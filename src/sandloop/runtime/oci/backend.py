@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -523,9 +523,18 @@ class OCIBackend:
         interrupt_after: float,
         grace: float,
         secrets: Mapping[str, Secret] | None = None,
+        on_output: Callable[[str, bytes], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> CellResult:
         return self.docker.run_cell(
-            kernel, code, limits=limits, interrupt_after=interrupt_after, grace=grace, secrets=secrets
+            kernel,
+            code,
+            limits=limits,
+            interrupt_after=interrupt_after,
+            grace=grace,
+            secrets=secrets,
+            on_output=on_output,
+            cancel=cancel,
         )
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> LiveSandbox | None:

@@ -1,0 +1,253 @@
+"""E2B's control plane: create, connect, list, get, set the timeout of, and kill sandboxes.
+
+Authenticated by ``X-API-Key`` (a sandloop token; RequestGuard checks it before the body is
+read). Each sandbox is a session counted against the key's ceilings like any other.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import re
+import urllib.parse
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from sandloop.contract import SandboxError, parse_size
+from sandloop.server.context import Auth
+from sandloop.server.e2b.service import E2B, ENVD_VERSION, MAX_TIMEOUT, TEMPLATES, TTL_MARGIN, E2BError
+from sandloop.server.errors import error_for
+from sandloop.server.models import LimitsIn
+from sandloop.server.quota import QuotaError, check_session_room
+
+#: Every /sandboxes... and /v<N>/sandboxes... path is the control plane's, whatever headers say.
+CONTROL_PATH = re.compile(r"^/(v\d+/)?sandboxes(/|$)")
+DEFAULT_TIMEOUT = 15  # E2B's, for a body that names none
+WORKSPACE_QUOTA = "1g"
+#: Options sandloop does not honour: refused with a reason instead of silently ignored.
+_REFUSED = {
+    "autoPause": "pausing is not supported yet (no snapshots): let the sandbox time out or kill it",
+    "autoResume": "pausing is not supported yet (no snapshots)",
+    "mcp": "MCP servers inside the sandbox are not supported; sandloop serves MCP itself (`sandloop mcp`)",
+    "network": "per-sandbox network rules are sandloop's egress allowlists: use the native API's limits.egress",
+    "volumeMounts": "volume mounts are not supported; each sandbox has its own workspace at /home/user",
+    "iam": "workload identity is not supported",
+}
+
+
+def iso(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _timeout(value: Any, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise E2BError(400, f"timeout must be a number of seconds, got {value!r}")
+    if not 1 <= value <= MAX_TIMEOUT:
+        raise E2BError(400, f"timeout must be between 1 and {MAX_TIMEOUT} seconds, got {value}")
+    return float(value)
+
+
+def _asks_for(value: Any) -> bool:
+    """Whether an option's value asks for something (SDKs send ``{"enabled": false}``, ``{}``
+    and ``[]`` for "no")."""
+    if isinstance(value, dict):
+        if "enabled" in value:
+            return bool(value["enabled"])
+        return any(_asks_for(v) for v in value.values())
+    if isinstance(value, list):
+        return bool(value)
+    return bool(value)
+
+
+def _strings(value: Any, name: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise E2BError(400, f"{name} must be an object of strings")
+    if len(value) > 256 or sum(len(k) + len(v) for k, v in value.items()) > 64 * 1024:
+        raise E2BError(400, f"{name} is too large (at most 256 entries, 64 KiB)")
+    return dict(value)
+
+
+def control_routes(e2b: E2B) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+    api = e2b.api
+
+    def sandbox_json(box: Any, *, tokens: bool = True, detail: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "templateID": box.template,
+            "sandboxID": box.sandbox_id,
+            "clientID": "sandloop",
+            "envdVersion": ENVD_VERSION,
+            "alias": box.template,
+        }
+        if tokens:
+            out["envdAccessToken"] = api_registry.access_token(box.sandbox_id, "envd")
+            out["trafficAccessToken"] = api_registry.access_token(box.sandbox_id, "traffic")
+            out["domain"] = None
+        if detail:
+            out.update(
+                startedAt=iso(box.started),
+                endAt=iso(box.end_at),
+                cpuCount=max(1, math.ceil(box.cpus)),
+                memoryMB=box.memory_mb,
+                diskSizeMB=box.disk_mb,
+                state="running",
+                metadata=box.metadata,
+            )
+        return out
+
+    api_registry = e2b.registry
+
+    def create(token: Any, body: dict[str, Any], v1: bool) -> dict[str, Any]:
+        template = body.get("templateID") or "base"
+        if template not in TEMPLATES:
+            raise E2BError(
+                400,
+                f"template {template!r} does not exist here: sandloop serves one image "
+                f"(use {', '.join(repr(t) for t in TEMPLATES[:2])}); custom templates are not supported",
+            )
+        # SDKs before the v2 route send allow_internet_access=true whether or not the caller asked
+        # (it is their default): only a v2 request's true is the caller's own choice.
+        if body.get("allow_internet_access") is True and not v1:
+            raise E2BError(
+                400,
+                "sandloop sandboxes have no network: leave allow_internet_access unset (or False); "
+                "to reach listed hosts use the native API's egress allowlist",
+            )
+        for key, why in _REFUSED.items():
+            if _asks_for(body.get(key)):
+                raise E2BError(400, f"{key}: {why}")
+        timeout = _timeout(body.get("timeout"), DEFAULT_TIMEOUT)
+        metadata, envs = _strings(body.get("metadata"), "metadata"), _strings(body.get("envVars"), "envVars")
+        limits = api.limits_for(token, LimitsIn())
+        quota = parse_size(WORKSPACE_QUOTA)
+        e2b.reap()
+        with api.rates.use(token), api.session_lock:
+            check_session_room(token, [r.quota_bytes for r in api.live_sessions(token)], quota)
+            s = api.root.create_session(limits, ttl=timeout + TTL_MARGIN, quota=quota)
+            api.tokens.own(s.id, token.id)
+            box = api_registry.add(
+                s.id,
+                token.id,
+                template=template,
+                timeout=timeout,
+                metadata=metadata,
+                envs=envs,
+                cpus=limits.cpus,
+                memory_mb=limits.memory_bytes // 2**20,
+                disk_mb=quota // 2**20,
+            )
+            s.close()
+        return sandbox_json(box)
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if not raw:
+            return {}
+        try:
+            body = await request.json()
+        except ValueError:
+            raise E2BError(400, "the body must be JSON") from None
+        if not isinstance(body, dict):
+            raise E2BError(400, "the body must be a JSON object")
+        return body
+
+    @router.post("/sandboxes", status_code=201)
+    @router.post("/v2/sandboxes", status_code=201)
+    async def create_sandbox(request: Request, token: Auth) -> dict[str, Any]:
+        body = await body_of(request)
+        return await run_in_threadpool(create, token, body, not request.url.path.startswith("/v2/"))
+
+    @router.post("/sandboxes/{sandbox_id}/connect")
+    @router.post("/v2/sandboxes/{sandbox_id}/connect")
+    async def connect(sandbox_id: str, request: Request, token: Auth) -> dict[str, Any]:
+        body = await body_of(request)
+
+        def work() -> dict[str, Any]:
+            box = e2b.mine(token, sandbox_id)
+            timeout = _timeout(body.get("timeout"), 0) if body.get("timeout") is not None else 0
+            if timeout and box.end_at < datetime.datetime.now().timestamp() + timeout:
+                e2b.set_timeout(box, timeout)
+                box = e2b.mine(token, sandbox_id)
+            return sandbox_json(box)
+
+        return await run_in_threadpool(work)
+
+    @router.get("/sandboxes/{sandbox_id}")
+    def get_sandbox(sandbox_id: str, token: Auth) -> dict[str, Any]:
+        return sandbox_json(e2b.mine(token, sandbox_id), detail=True)
+
+    @router.delete("/sandboxes/{sandbox_id}", status_code=204)
+    def kill_sandbox(sandbox_id: str, token: Auth) -> Response:
+        e2b.mine(token, sandbox_id)
+        with api.rates.use(token):
+            e2b.kill(sandbox_id)
+        return Response(status_code=204)
+
+    @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+    async def set_timeout(sandbox_id: str, request: Request, token: Auth) -> Response:
+        body = await body_of(request)
+        timeout = _timeout(body.get("timeout"), -1)
+        if timeout < 0:
+            raise E2BError(400, 'send {"timeout": seconds}')
+        await run_in_threadpool(lambda: e2b.set_timeout(e2b.mine(token, sandbox_id), timeout))
+        return Response(status_code=204)
+
+    def listed(token: Any, request: Request) -> list[dict[str, Any]]:
+        e2b.reap()
+        wanted = dict(urllib.parse.parse_qsl(request.query_params.get("metadata", "")))
+        states = [s for s in request.query_params.get("state", "running").split(",") if s]
+        if "running" not in states:
+            return []  # nothing here is ever paused
+        live = {r.id for r in api.live_sessions(token)}
+        return [
+            {**sandbox_json(box, tokens=False, detail=True)}
+            for box in api_registry.of_token(token.id)
+            if box.sandbox_id in live and all(box.metadata.get(k) == v for k, v in wanted.items())
+        ]
+
+    @router.get("/sandboxes")
+    def list_v1(request: Request, token: Auth) -> list[dict[str, Any]]:
+        return listed(token, request)
+
+    @router.get("/v2/sandboxes")
+    def list_v2(request: Request, token: Auth) -> JSONResponse:
+        boxes = listed(token, request)
+        try:
+            limit = int(request.query_params.get("limit") or 100)
+            start = int(request.query_params.get("nextToken") or 0)
+        except ValueError:
+            raise E2BError(400, "limit and nextToken must be numbers") from None
+        limit = max(1, min(limit, 1000))
+        page = boxes[start : start + limit]
+        headers = {"X-Next-Token": str(start + limit)} if start + limit < len(boxes) else {}
+        return JSONResponse(page, headers=headers)
+
+    @router.api_route("/sandboxes/{sandbox_id}/{action}", methods=["GET", "POST", "PUT"], include_in_schema=False)
+    def unsupported(sandbox_id: str, action: str, token: Auth) -> None:
+        e2b.mine(token, sandbox_id)
+        raise E2BError(
+            501,
+            f"{action} is not supported by sandloop's E2B-compatible API (pause, resume, snapshots, fork, "
+            "metrics, logs and network rules are not); see the README's 'Coming from E2B'",
+        )
+
+    return router
+
+
+def e2b_error_response(exc: Exception) -> JSONResponse:
+    """Any error on an E2B path, as E2B's ``{"code": status, "message"}``."""
+    if isinstance(exc, E2BError | QuotaError):
+        status, message = exc.status, exc.message
+    elif isinstance(exc, SandboxError):
+        err = error_for(exc)
+        status, message = err.status, err.message
+    else:
+        status, message = getattr(exc, "status", 500), getattr(exc, "message", str(exc))
+    return JSONResponse({"code": status, "message": message}, status_code=status)

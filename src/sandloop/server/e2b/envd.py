@@ -1,0 +1,388 @@
+"""envd, the daemon E2B's SDKs talk to inside a sandbox: processes and the filesystem over Connect
+RPC (JSON), file contents over plain HTTP (``/files``), ``/health``.
+
+Processes are the session interpreter's children (procs_helper.py): they see the workspace at
+/home/user, run as the sandbox's user, and stream their output while they run; a stream that
+ends (the client went away, or only wanted a background process) leaves the process running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import datetime
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from sandloop.contract import PathRefused, SandboxError, TooLarge, WorkspaceFileNotFound
+from sandloop.server.e2b.connect import ConnectError, read_request, stream, unary_error
+from sandloop.server.e2b.control import e2b_error_response
+from sandloop.server.e2b.service import E2B, E2BError, command_cwd, sandbox_path, workspace_path
+from sandloop.server.errors import error_for
+
+#: Seconds between keepalive events on a quiet process stream (E2B's SDK asks for 50).
+KEEPALIVE = 30.0
+#: How long one poll of a process waits in the sandbox for output before answering.
+POLL_WAIT = 0.25
+#: Pause between two polls, so other calls on the sandbox's interpreter get their turn.
+POLL_GAP = 0.02
+SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
+_CODES = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denied", 404: "not_found"}
+_CODES |= {409: "already_exists", 413: "resource_exhausted", 429: "resource_exhausted", 501: "unimplemented"}
+_CODES |= {503: "unavailable", 507: "resource_exhausted"}
+
+
+def to_connect(exc: Exception) -> ConnectError:
+    if isinstance(exc, ConnectError):
+        return exc
+    if isinstance(exc, E2BError):
+        return ConnectError(_CODES.get(exc.status, "internal"), exc.message)
+    if isinstance(exc, SandboxError):
+        err = error_for(exc)
+        return ConnectError(_CODES.get(err.status, "internal"), err.message)
+    return ConnectError("internal", f"{type(exc).__name__}: {exc}")
+
+
+def user_of(request: Request) -> None:
+    """E2B names a user in ``Authorization: Basic base64(user:)``; sandloop has one, not root."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return
+    try:
+        user = base64.b64decode(value).decode().partition(":")[0]
+    except (binascii.Error, UnicodeDecodeError):
+        raise ConnectError("invalid_argument", "malformed Authorization header") from None
+    if user == "root":
+        raise ConnectError("permission_denied", "sandloop sandboxes never run anything as root; use the default user")
+    if user not in ("", "user"):
+        raise ConnectError("invalid_argument", f"no user {user!r} here: the only user is 'user'")
+
+
+def entry_json(e: dict[str, Any], rel_dir: str | None = None) -> dict[str, Any]:
+    rel = e.get("path") or (e["name"] if rel_dir in (None, ".", "") else f"{rel_dir}/{e['name']}")
+    kind = {"dir": "FILE_TYPE_DIRECTORY"}.get(e["type"], "FILE_TYPE_FILE")
+    mode = int(e.get("mode", 0o644))
+    out: dict[str, Any] = {
+        "name": e["name"] or "user",
+        "type": kind,
+        "path": sandbox_path(rel),
+        "size": str(int(e.get("size", 0))),
+        "mode": mode | (0o40000 if kind == "FILE_TYPE_DIRECTORY" else 0),
+        "permissions": _permissions(mode, kind == "FILE_TYPE_DIRECTORY"),
+        "owner": "user",
+        "group": "user",
+        "modifiedTime": datetime.datetime.fromtimestamp(float(e.get("mtime", 0)), datetime.UTC)
+        .isoformat()
+        .replace("+00:00", "Z"),
+    }
+    if e["type"] == "symlink":
+        out["symlinkTarget"] = e.get("target", "")
+    return out
+
+
+def _permissions(mode: int, is_dir: bool) -> str:
+    bits = "".join(c if mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
+    return ("d" if is_dir else "-") + bits
+
+
+def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+
+    async def unary(request: Request, work: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> Response:
+        try:
+            user_of(request)
+            box, token = await sandbox_of(request)
+            message = await read_request(request)
+
+            def run() -> dict[str, Any]:
+                with e2b.api.rates.use(token):
+                    return work(box, message)
+
+            return JSONResponse(await run_in_threadpool(run))
+        except Exception as exc:  # noqa: BLE001 - every failure is a Connect error to the client
+            return unary_error(to_connect(exc))
+
+    def selector(message: dict[str, Any]) -> dict[str, Any]:
+        sel = message.get("process") or {}
+        if "pid" in sel:
+            return {"pid": int(sel["pid"])}
+        if "tag" in sel:
+            return {"tag": str(sel["tag"])}
+        raise ConnectError("invalid_argument", "name the process by pid or tag")
+
+    def checked(reply: dict[str, Any]) -> dict[str, Any]:
+        if "error" in reply:
+            code = {"not_found": "not_found", "invalid": "failed_precondition"}.get(reply.get("kind", ""), "internal")
+            if reply.get("kind") == "invalid_argument":
+                code = "invalid_argument"
+            raise ConnectError(code, reply["error"])
+        return reply
+
+    async def events(sandbox_id: str, pid: int, started: bool) -> AsyncIterator[dict[str, Any]]:
+        if started:
+            yield {"event": {"start": {"pid": pid}}}
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()
+        while True:
+            reply = checked(
+                await run_in_threadpool(e2b.procs, sandbox_id, {"op": "poll", "pid": pid, "wait": POLL_WAIT})
+            )
+            for name in ("stdout", "stderr"):
+                if reply.get(name):
+                    quiet_since = loop.time()
+                    yield {"event": {"data": {name: reply[name]}}}
+            if "exit_code" in reply:
+                code = int(reply["exit_code"])
+                status = f"exit status {code}" if code >= 0 else f"signal: {_signal_name(-code)}"
+                yield {"event": {"end": {"exitCode": code if code >= 0 else -1, "exited": code >= 0, "status": status}}}
+                return
+            if loop.time() - quiet_since > KEEPALIVE:
+                quiet_since = loop.time()
+                yield {"event": {"keepalive": {}}}
+            await asyncio.sleep(POLL_GAP)
+
+    async def start_stream(request: Request, connect: bool) -> Response:
+        try:
+            user_of(request)
+            box, token = await sandbox_of(request)
+            message = await read_request(request)
+            if connect:
+                sel = selector(message)
+                peek = {"op": "poll", **sel, "wait": 0, "forget": False}
+                reply = checked(await run_in_threadpool(e2b.procs, box.sandbox_id, peek))
+                pid = int(reply["pid"])
+                first = reply
+            else:
+                if message.get("pty"):
+                    raise ConnectError("unimplemented", "pseudo-terminals are not supported; run commands without pty")
+                proc = message.get("process") or {}
+                cmd = proc.get("cmd")
+                if not isinstance(cmd, str) or not cmd:
+                    raise ConnectError("invalid_argument", "process.cmd is required")
+                args = proc.get("args") or []
+                envs = proc.get("envs") or {}
+                if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                    raise ConnectError("invalid_argument", "process.args must be a list of strings")
+                if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()):
+                    raise ConnectError("invalid_argument", "process.envs must be an object of strings")
+                config = {
+                    "cmd": cmd,
+                    "args": args,
+                    "envs": {"HOME": "/home/user", "USER": "user", **box.envs, **envs},
+                    "cwd": command_cwd(proc.get("cwd")),
+                }
+
+                op = {"op": "start", "config": config, "stdin": bool(message.get("stdin")), "tag": message.get("tag")}
+
+                def start() -> dict[str, Any]:
+                    with e2b.api.rates.use(token):
+                        return checked(e2b.procs(box.sandbox_id, op))
+
+                pid = int((await run_in_threadpool(start))["pid"])
+                first = None
+        except Exception as exc:  # noqa: BLE001 - before the stream starts: a unary-style error
+            return unary_error(to_connect(exc))
+
+        async def messages() -> AsyncIterator[dict[str, Any]]:
+            try:
+                if first is not None:  # a reconnect: what the first poll already took
+                    yield {"event": {"start": {"pid": pid}}}
+                    for name in ("stdout", "stderr"):
+                        if first.get(name):
+                            yield {"event": {"data": {name: first[name]}}}
+                async for event in events(box.sandbox_id, pid, started=first is None):
+                    yield event
+            except ConnectError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - ends the stream with a Connect error
+                raise to_connect(exc) from None
+
+        return stream(messages())
+
+    @router.post("/process.Process/Start")
+    async def process_start(request: Request) -> Response:
+        return await start_stream(request, connect=False)
+
+    @router.post("/process.Process/Connect")
+    async def process_connect(request: Request) -> Response:
+        return await start_stream(request, connect=True)
+
+    @router.post("/process.Process/List")
+    async def process_list(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            reply = checked(e2b.procs(box.sandbox_id, {"op": "list"}))
+            return {
+                "processes": [
+                    {"config": p["config"], "pid": p["pid"], **({"tag": p["tag"]} if p.get("tag") else {})}
+                    for p in reply["processes"]
+                ]
+            }
+
+        return await unary(request, work)
+
+    @router.post("/process.Process/SendSignal")
+    async def process_signal(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            sig = SIGNALS.get(message.get("signal", "SIGNAL_SIGKILL"))
+            if sig is None:
+                raise ConnectError("invalid_argument", "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM")
+            checked(e2b.procs(box.sandbox_id, {"op": "signal", **selector(message), "signal": sig}))
+            return {}
+
+        return await unary(request, work)
+
+    @router.post("/process.Process/SendInput")
+    async def process_input(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            data = (message.get("input") or {}).get("stdin")
+            if not isinstance(data, str):
+                raise ConnectError("invalid_argument", "input.stdin (base64 bytes) is required (no pty input)")
+            checked(e2b.procs(box.sandbox_id, {"op": "input", **selector(message), "data": data}))
+            return {}
+
+        return await unary(request, work)
+
+    @router.post("/process.Process/CloseStdin")
+    async def process_close_stdin(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            checked(e2b.procs(box.sandbox_id, {"op": "input", **selector(message), "close": True}))
+            return {}
+
+        return await unary(request, work)
+
+    @router.post("/process.Process/{method}")
+    async def process_other(method: str) -> Response:
+        return unary_error(ConnectError("unimplemented", f"process.{method} is not supported by sandloop"))
+
+    # -- filesystem -------------------------------------------------------------------------------
+    def path_of(message: dict[str, Any], key: str = "path") -> str:
+        try:
+            return workspace_path(message.get(key, ""))
+        except E2BError as exc:
+            raise ConnectError("invalid_argument", exc.message) from None
+
+    @router.post("/filesystem.Filesystem/Stat")
+    async def fs_stat(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            rel = path_of(message)
+            entry = e2b.session(box.sandbox_id).stat(rel)
+            entry["path"] = rel
+            return {"entry": entry_json(entry)}
+
+        return await unary(request, work)
+
+    @router.post("/filesystem.Filesystem/ListDir")
+    async def fs_list(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            rel = path_of(message)
+            depth = int(message.get("depth") or 1)
+            s = e2b.session(box.sandbox_id)
+            if s.stat(rel)["type"] != "dir":
+                raise ConnectError("invalid_argument", f"{message.get('path')} is not a directory")
+            return {"entries": [entry_json(e) for e in s.list_tree(rel, min(depth, 64))]}
+
+        return await unary(request, work)
+
+    @router.post("/filesystem.Filesystem/MakeDir")
+    async def fs_mkdir(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            rel = path_of(message)
+            s = e2b.session(box.sandbox_id)
+            if not s.make_dir(rel):
+                raise ConnectError("already_exists", f"{message.get('path')} already exists")
+            entry = s.stat(rel)
+            entry["path"] = rel
+            return {"entry": entry_json(entry)}
+
+        return await unary(request, work)
+
+    @router.post("/filesystem.Filesystem/Move")
+    async def fs_move(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            src, dst = path_of(message, "source"), path_of(message, "destination")
+            entry = e2b.session(box.sandbox_id).move(src, dst)
+            entry["path"] = dst
+            return {"entry": entry_json(entry)}
+
+        return await unary(request, work)
+
+    @router.post("/filesystem.Filesystem/Remove")
+    async def fs_remove(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            e2b.session(box.sandbox_id).delete_file(path_of(message))
+            return {}
+
+        return await unary(request, work)
+
+    @router.post("/filesystem.Filesystem/{method}")
+    async def fs_other(method: str) -> Response:
+        return unary_error(
+            ConnectError("unimplemented", f"filesystem.{method} is not supported by sandloop (no watching yet)")
+        )
+
+    # -- file contents ----------------------------------------------------------------------------
+    @router.get("/files")
+    async def read_file(request: Request, path: str = "") -> Response:
+        try:
+            box, token = await sandbox_of(request)
+            rel = workspace_path(path)
+
+            def work() -> bytes:
+                with e2b.api.rates.use(token):
+                    return e2b.session(box.sandbox_id).read_file(rel)
+
+            data = await run_in_threadpool(work)
+        except (WorkspaceFileNotFound, PathRefused, TooLarge, E2BError, SandboxError) as exc:
+            if isinstance(exc, PathRefused) and "directory" in str(exc):
+                exc = E2BError(400, f"{path} is a directory")
+            return e2b_error_response(exc)
+        return Response(data, media_type="application/octet-stream")
+
+    @router.post("/files")
+    async def write_files(request: Request, path: str = "") -> Response:
+        try:
+            box, token = await sandbox_of(request)
+            ctype = request.headers.get("content-type", "")
+            uploads: list[tuple[str, bytes]] = []
+            if ctype.startswith("multipart/form-data"):
+                form = await request.form(max_files=1000, max_fields=1000)
+                for _, value in form.multi_items():
+                    if isinstance(value, str):
+                        continue
+                    target = path if path and len(form) == 1 else (value.filename or "")
+                    uploads.append((target, await value.read()))
+            else:
+                if not path:
+                    raise E2BError(400, "name the file: ?path=/home/user/...")
+                uploads.append((path, await request.body()))
+            if not uploads:
+                raise E2BError(400, "no file in the request")
+            targets = [(workspace_path(p), data) for p, data in uploads]
+
+            def work() -> list[dict[str, Any]]:
+                with e2b.api.rates.use(token):
+                    s = e2b.session(box.sandbox_id)
+                    out = []
+                    for rel, data in targets:
+                        s.write_file(rel, data)
+                        out.append({"name": rel.rsplit("/", 1)[-1], "type": "file", "path": sandbox_path(rel)})
+                    return out
+
+            return JSONResponse(await run_in_threadpool(work))
+        except Exception as exc:  # noqa: BLE001 - E2B's error shape
+            return e2b_error_response(exc)
+
+    return router
+
+
+def _signal_name(num: int) -> str:
+    names = {9: "killed", 15: "terminated", 2: "interrupt", 6: "aborted", 11: "segmentation fault"}
+    return names.get(num, f"signal {num}")
+
+
+__all__ = ["envd_routes"]

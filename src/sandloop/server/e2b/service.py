@@ -1,0 +1,181 @@
+"""E2B sandboxes on sandloop sessions: what the control plane, envd and Jupyter routes share.
+
+An E2B sandbox is a session: ``/home/user`` is its workspace (the image links one to the other),
+``run_code`` runs in its interpreter, commands run as processes of that interpreter's sandbox
+(procs_helper.py), files go through the session's file API (inside a sandbox, confined to the
+workspace). Its timeout is absolute, as E2B's is: each call checks it, the control plane's calls
+remove every sandbox past it, and the session's own idle TTL (the timeout plus a minute) removes
+one nobody calls any more.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from sandloop.contract import SandboxError, SessionNotFound
+from sandloop.server.e2b.registry import E2BSandbox, Registry
+from sandloop.server.tokens import Token
+
+if TYPE_CHECKING:
+    from sandloop.server.context import Api
+    from sandloop.sessions import Session
+
+HOME = "/home/user"
+WORKSPACE = "/workspace"
+#: What envd version the sandboxes report: it switches the SDKs' features (0.5.7: default user,
+#: stdin, octet-stream uploads; not file metadata or watch events, which are not served).
+ENVD_VERSION = "0.5.7"
+#: Template names that mean "the runtime image": sandloop serves one image.
+TEMPLATES = ("base", "code-interpreter-v1", "code-interpreter", "sandloop")
+MAX_TIMEOUT = 24 * 3600
+#: The session outlives its E2B timeout by this much, so the E2B layer (not the idle reaper)
+#: decides when it ends; the idle reaper still removes one that nobody calls.
+TTL_MARGIN = 60.0
+_PROCS = resources.files("sandloop.server.e2b").joinpath("procs_helper.py").read_text()
+_MARK = "\x1esandloop-procs:"
+
+
+class E2BError(Exception):
+    """An error of E2B's control plane and envd HTTP API: ``{"code": status, "message"}``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def workspace_path(path: str) -> str:
+    """A path as E2B's SDK sends it (absolute under /home/user, or relative to it) as a path
+    relative to the workspace; anything else is refused (sandloop's files are the workspace)."""
+    if not isinstance(path, str) or not path:
+        raise E2BError(400, "a path is required")
+    p = path.strip()
+    for base in (HOME, WORKSPACE):
+        if p == base or p.startswith(base + "/"):
+            return p[len(base) :].lstrip("/") or "."
+    if p.startswith("~/") or p == "~":
+        return p[1:].lstrip("/") or "."
+    if p.startswith("/"):
+        raise E2BError(
+            400,
+            f"path {path!r} is outside {HOME}: a sandloop sandbox's files are its workspace, {HOME} "
+            "(commands can still use /tmp)",
+        )
+    return p
+
+
+def sandbox_path(rel: str) -> str:
+    return HOME if rel in ("", ".") else f"{HOME}/{rel.lstrip('/')}"
+
+
+def command_cwd(cwd: str | None) -> str:
+    """A command's working directory: /home/user (the image links it to the workspace) unless
+    the caller names another; ``~`` and relative paths are under /home/user."""
+    if not cwd:
+        return HOME
+    if cwd == "~" or cwd.startswith("~/"):
+        return HOME + cwd[1:]
+    return cwd if cwd.startswith("/") else f"{HOME}/{cwd}"
+
+
+class E2B:
+    def __init__(self, api: Api, registry: Registry) -> None:
+        self.api, self.registry = api, registry
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    # -- lifetime --------------------------------------------------------------------------------
+    def session(self, sandbox_id: str) -> Session:
+        """This process's handle on the sandbox's session (attached once, kept)."""
+        with self._lock:
+            s = self._sessions.get(sandbox_id)
+        if s is None:
+            try:
+                s = self.api.root.attach_session(sandbox_id)
+            except SessionNotFound:
+                self.forget(sandbox_id)
+                raise E2BError(404, f"sandbox {sandbox_id} not found (it was killed or timed out)") from None
+            with self._lock:
+                s = self._sessions.setdefault(sandbox_id, s)
+        return s
+
+    def forget(self, sandbox_id: str) -> None:
+        with self._lock:
+            s = self._sessions.pop(sandbox_id, None)
+        if s is not None:
+            s.close()
+        self.registry.remove(sandbox_id)
+        self.api.tokens.disown(sandbox_id)
+
+    def kill(self, sandbox_id: str) -> None:
+        """Remove everything: interpreter, processes, workspace, records."""
+        try:
+            s = self.session(sandbox_id)
+        except E2BError:
+            return  # the session is gone already; forget() removed the rest
+        try:
+            s.delete()
+        finally:
+            self.forget(sandbox_id)
+
+    def reap(self) -> None:
+        for sandbox_id in self.registry.expired():
+            self.kill(sandbox_id)
+
+    def live(self, box: E2BSandbox | None, sandbox_id: str) -> E2BSandbox:
+        if box is None:
+            raise E2BError(404, f"sandbox {sandbox_id} not found")
+        if box.end_at < time.time():
+            self.kill(sandbox_id)
+            raise E2BError(404, f"sandbox {sandbox_id} not found: it timed out and was removed")
+        return box
+
+    def mine(self, token: Token, sandbox_id: str) -> E2BSandbox:
+        """One of the key's sandboxes; someone else's and a missing one look the same (404)."""
+        box = self.registry.get(sandbox_id)
+        if box is not None and box.token_id != token.id:
+            box = None
+        return self.live(box, sandbox_id)
+
+    def by_access(self, sandbox_id: str, envd_token: str | None, traffic_token: str | None) -> tuple[E2BSandbox, Token]:
+        """The sandbox an envd or Jupyter call names, if its access tokens are right, and the
+        key it counts against."""
+        if not sandbox_id:
+            raise E2BError(400, "send the E2b-Sandbox-Id header")
+        box = self.registry.get(sandbox_id)
+        if box is None or not self.registry.check_access(sandbox_id, envd_token, traffic_token):
+            if not envd_token and not traffic_token:
+                raise E2BError(401, "send the sandbox's access token (X-Access-Token)")
+            raise E2BError(401, f"wrong access token for sandbox {sandbox_id}")
+        token = self.api.tokens.get(box.token_id)
+        if token is None:
+            raise E2BError(401, "the key that made this sandbox was revoked")
+        return self.live(box, sandbox_id), token
+
+    def set_timeout(self, box: E2BSandbox, seconds: float) -> None:
+        s = self.session(box.sandbox_id)
+        record = s.record
+        record.ttl_seconds = float(seconds) + TTL_MARGIN
+        record.last_used = time.time()
+        self.api.root.sessions.save(record)
+        self.registry.set_end(box.sandbox_id, time.time() + seconds)
+
+    # -- processes -------------------------------------------------------------------------------
+    def procs(self, sandbox_id: str, args: dict[str, Any], timeout: float = 15.0) -> dict[str, Any]:
+        """One operation on the sandbox's process table, run as a cell in its interpreter (in a
+        namespace of its own: the user's globals never see it)."""
+        encoded = json.dumps(args)
+        namespace = f"{{'__name__': '_sandloop_procs_cell', 'ARGS': __import__('json').loads({encoded!r})}}"
+        cell = f"exec({_PROCS!r}, {namespace})"
+        result = self.session(sandbox_id).run_cell(cell, timeout)
+        at = result.stdout.rfind(_MARK)
+        if at < 0:
+            detail = (result.stderr or result.stdout)[-300:]
+            if result.interpreter_restarted:
+                raise SandboxError("the sandbox's interpreter was restarted (out of memory?); its processes ended")
+            raise SandboxError(f"the sandbox's process table did not answer: {detail}")
+        reply: dict[str, Any] = json.loads(result.stdout[at + len(_MARK) :].splitlines()[0])
+        return reply

@@ -1,0 +1,366 @@
+"""E2B's official SDKs (``e2b``, ``e2b-code-interpreter``), unchanged, against sandloop's
+E2B-compatible API on a real uvicorn with real sandboxes: the newest supported SDK in this
+process (sync and async), the oldest in its own virtualenv (.venv-e2b-old, made by setup.sh)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import e2b
+import httpx
+import pytest
+from e2b import AsyncSandbox as PlainAsyncSandbox
+from e2b import CommandExitException
+from e2b import Sandbox as PlainSandbox
+from e2b.exceptions import (
+    AuthenticationException,
+    InvalidArgumentException,
+    NotFoundException,
+    SandboxException,
+    TimeoutException,
+)
+from e2b_code_interpreter import AsyncSandbox, Sandbox
+
+from sandloop.server.app import create_app
+from sandloop.server.tokens import TokenStore
+from tests.helpers import our_containers
+from tests.servers import serve_in_thread
+
+ROOT = Path(__file__).resolve().parents[2]
+OLD_VENV = ROOT / ".venv-e2b-old"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tokens = TokenStore(tmp_path_factory.mktemp("e2b") / "tokens.sqlite")
+    alice, _ = tokens.create("alice", max_concurrent=8, runs_per_minute=1000, max_timeout=60)
+    bob, _ = tokens.create("bob")
+    with serve_in_thread(create_app(tokens)) as url:
+        saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
+        os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=alice)
+        try:
+            yield {"url": url, "alice": alice, "bob": bob}
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def sbx(server):
+    """One code-interpreter sandbox shared by the tests that only use it."""
+    s = Sandbox.create(timeout=600)
+    yield s
+    s.kill()
+
+
+def test_keys_are_e2b_shaped_and_work_on_the_native_api_too(server):
+    assert server["alice"].startswith("e2b_") and all(c in "0123456789abcdef" for c in server["alice"][4:])
+    r = httpx.post(
+        f"{server['url']}/v1/runs", json={"code": "print(6*7)"}, headers={"Authorization": f"Bearer {server['alice']}"}
+    )
+    assert r.status_code == 200 and r.json()["stdout"] == "42\n"
+
+
+def test_lifecycle_create_info_list_timeout_kill(server):
+    s = PlainSandbox.create(timeout=120, metadata={"job": "lifecycle"})
+    try:
+        info = s.get_info()
+        assert info.sandbox_id == s.sandbox_id and info.metadata == {"job": "lifecycle"}
+        assert 100 < (info.end_at - info.started_at).total_seconds() <= 121
+        listed = PlainSandbox.list(query=e2b.SandboxQuery(metadata={"job": "lifecycle"})).next_items()
+        assert [i.sandbox_id for i in listed] == [s.sandbox_id]
+        assert PlainSandbox.list(query=e2b.SandboxQuery(metadata={"job": "other"})).next_items() == []
+        s.set_timeout(600)
+        assert (s.get_info().end_at - info.started_at).total_seconds() > 590
+        assert s.is_running()
+        again = PlainSandbox.connect(s.sandbox_id)  # from the id alone, as another process would
+        assert again.commands.run("echo connected").stdout == "connected\n"
+    finally:
+        s.kill()
+    with pytest.raises(NotFoundException):
+        PlainSandbox.get_info(s.sandbox_id)
+    with pytest.raises(Exception):  # noqa: B017 - its envd is gone with it
+        s.commands.run("true")
+    assert s.sandbox_id not in {r.id for r in _root_sessions()}
+
+
+def test_a_sandbox_ends_at_its_timeout(server):
+    s = PlainSandbox.create(timeout=2)
+    sid = s.sandbox_id
+    assert s.commands.run("echo alive").stdout == "alive\n"
+    time.sleep(3)
+    with pytest.raises(NotFoundException):
+        PlainSandbox.get_info(sid)
+    assert sid not in {r.id for r in _root_sessions()}
+
+
+def test_run_code_state_logs_results_and_errors(sbx):
+    sbx.run_code("x = 41")
+    ex = sbx.run_code("import sys\nprint('out')\nprint('err', file=sys.stderr)\nx + 1")
+    assert ex.text == "42" and ex.results[0].is_main_result
+    assert ex.logs.stdout == ["out\n"] and ex.logs.stderr == ["err\n"]
+    assert ex.error is None
+    bad = sbx.run_code("def f():\n    return 1/0\nf()")
+    assert bad.error.name == "ZeroDivisionError" and bad.error.value == "division by zero"
+    assert "ZeroDivisionError" in bad.error.traceback and "return 1/0" in bad.error.traceback
+    assert sbx.run_code("x").text == "41"  # the error kept the state
+
+
+def test_run_code_streams_while_it_runs(sbx):
+    seen = []
+    started = time.monotonic()
+    sbx.run_code(
+        "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')",
+        on_stdout=lambda m: seen.append((time.monotonic() - started, m.line)),
+    )
+    ended = time.monotonic() - started
+    assert [line for _, line in seen] == ["first\n", "second\n"]
+    assert seen[0][0] < ended - 1.5, f"the first line came at {seen[0][0]:.2f} s of {ended:.2f} s: not streamed"
+
+
+def test_run_code_chart_is_a_png(sbx):
+    ex = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()")
+    pngs = [r.png for r in ex.results if r.png]
+    assert len(pngs) == 1 and base64.b64decode(pngs[0]).startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_run_code_timeout_interrupts_and_keeps_state(sbx):
+    sbx.run_code("kept = 'yes'")
+    started = time.monotonic()
+    with pytest.raises(TimeoutException):
+        sbx.run_code("import time\nwhile True: time.sleep(0.1)", timeout=2)
+    assert time.monotonic() - started < 10
+    # The server interrupted the cell when the client gave up: the interpreter is free again.
+    started = time.monotonic()
+    assert sbx.run_code("kept").text == "'yes'"
+    assert time.monotonic() - started < 10
+
+
+def test_run_code_envs_apply_to_that_execution_only(sbx):
+    assert sbx.run_code("import os; os.environ.get('COLOR')", envs={"COLOR": "blue"}).text == "'blue'"
+    assert sbx.run_code("import os; os.environ.get('COLOR')").text is None
+
+
+def test_commands_foreground_failing_envs_cwd(sbx):
+    out = []
+    r = sbx.commands.run("echo hello; echo oops >&2; pwd; id -u", on_stdout=out.append)
+    assert r.exit_code == 0 and r.stderr == "oops\n"
+    lines = r.stdout.splitlines()
+    assert lines[0] == "hello" and lines[1] == "/home/user" and lines[2] != "0"
+    assert "".join(out) == r.stdout
+    with pytest.raises(CommandExitException) as failed:
+        sbx.commands.run("echo before; exit 3")
+    assert failed.value.exit_code == 3 and failed.value.stdout == "before\n"
+    sbx.files.make_dir("/home/user/sub")
+    r = sbx.commands.run("echo $GREETING; pwd", envs={"GREETING": "hi"}, cwd="/home/user/sub")
+    assert r.stdout == "hi\n/home/user/sub\n"
+
+
+def test_commands_background_wait_list_kill_stdin(sbx):
+    h = sbx.commands.run("sleep 2; echo done", background=True)
+    assert h.pid in [p.pid for p in sbx.commands.list()]
+    assert h.wait().stdout == "done\n"
+    long = sbx.commands.run("sleep 60", background=True)
+    assert long.pid in [p.pid for p in sbx.commands.list()]
+    assert sbx.commands.kill(long.pid) is True
+    with pytest.raises(CommandExitException):
+        long.wait()
+    assert long.pid not in [p.pid for p in sbx.commands.list()]
+    assert sbx.commands.kill(999999) is False
+    cat = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.send_stdin(cat.pid, "from stdin\n")
+    sbx.commands.close_stdin(cat.pid)
+    assert cat.wait().stdout == "from stdin\n"
+
+
+def test_files_and_one_workspace_for_files_commands_and_code(sbx):
+    info = sbx.files.write("/home/user/notes/a.txt", "alpha")
+    assert info.path == "/home/user/notes/a.txt"
+    assert sbx.files.read("/home/user/notes/a.txt") == "alpha"
+    assert sbx.files.read("notes/a.txt") == "alpha"  # relative to /home/user
+    blob = bytes(range(256)) * 40
+    sbx.files.write("/home/user/blob.bin", blob)
+    assert bytes(sbx.files.read("/home/user/blob.bin", format="bytes")) == blob
+    names = {e.name: e for e in sbx.files.list("/home/user")}
+    assert names["notes"].type.value == "dir" and names["blob.bin"].size == len(blob)
+    assert sbx.files.exists("/home/user/notes/a.txt") and not sbx.files.exists("/home/user/nope")
+    # The same file from a command and from the interpreter, and theirs from files.
+    assert sbx.commands.run("cat /home/user/notes/a.txt").stdout == "alpha"
+    assert sbx.run_code("open('/home/user/notes/a.txt').read()").text == "'alpha'"
+    sbx.commands.run("echo from-shell > /home/user/shell.txt")
+    sbx.run_code("open('/home/user/code.txt', 'w').write('from-code')")
+    assert sbx.files.read("/home/user/shell.txt") == "from-shell\n"
+    assert sbx.files.read("/home/user/code.txt") == "from-code"
+    sbx.files.rename("/home/user/code.txt", "/home/user/notes/moved.txt")
+    assert sbx.files.read("/home/user/notes/moved.txt") == "from-code"
+    sbx.files.remove("/home/user/notes")
+    assert not sbx.files.exists("/home/user/notes/a.txt")
+    with pytest.raises(NotFoundException):
+        sbx.files.read("/home/user/notes/a.txt")
+
+
+def test_file_paths_cannot_leave_the_workspace(sbx):
+    for path in ("/etc/passwd", "/home/user/../../etc/passwd", "../etc/passwd"):
+        with pytest.raises((InvalidArgumentException, SandboxException)):
+            sbx.files.read(path)
+    sbx.commands.run("ln -sf /etc/passwd /home/user/link")
+    with pytest.raises(SandboxException):
+        sbx.files.read("/home/user/link")  # a symlink out is refused inside the sandbox
+    with pytest.raises(SandboxException):
+        sbx.files.write("/home/user/link", "x")
+
+
+def test_isolation_holds_from_inside(sbx):
+    assert sbx.run_code("import os; os.getuid()").text != "0"
+    net = sbx.run_code(
+        "import socket\ns = socket.socket()\ns.settimeout(2)\ntry:\n    s.connect(('1.1.1.1', 80)); r = 'connected'\n"
+        "except OSError as e:\n    r = type(e).__name__\nr"
+    )
+    assert net.text != "'connected'"
+    r = sbx.commands.run("cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+    assert r.stdout.split() == ["lo"]  # no interface but loopback
+    with pytest.raises(SandboxException):
+        sbx.commands.run("id", user="root")
+
+
+def test_a_key_never_reaches_another_keys_sandbox(server, sbx):
+    bob = {"api_key": server["bob"]}
+    with pytest.raises(NotFoundException):
+        PlainSandbox.get_info(sbx.sandbox_id, **bob)
+    with pytest.raises(NotFoundException):
+        PlainSandbox.connect(sbx.sandbox_id, **bob)
+    assert PlainSandbox.kill(sbx.sandbox_id, **bob) is False
+    assert sbx.sandbox_id not in [i.sandbox_id for i in PlainSandbox.list(**bob).next_items()]
+    assert sbx.run_code("1 + 1").text == "2"  # untouched
+
+
+def test_malformed_keys_and_missing_access_tokens_are_refused(server, sbx):
+    url = server["url"]
+    for key in ("sl_abc", "e2b_nothex!", "e2b_" + "0" * 40):
+        r = httpx.post(f"{url}/v2/sandboxes", json={"templateID": "base"}, headers={"X-API-Key": key})
+        assert r.status_code == 401, key
+        assert isinstance(r.json()["message"], str)
+    with pytest.raises(AuthenticationException):
+        PlainSandbox.create(api_key="e2b_" + "0" * 40)
+    route = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49999"}
+    r = httpx.post(f"{url}/execute", json={"code": "1"}, headers=route)
+    assert r.status_code == 401 and "access token" in r.json()["message"]
+    r = httpx.post(f"{url}/execute", json={"code": "1"}, headers={**route, "X-Access-Token": "0" * 64})
+    assert r.status_code == 401
+    envd = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}
+    r = httpx.get(f"{url}/files", params={"path": "/home/user/x"}, headers=envd)
+    assert r.status_code == 401
+    # The control plane is the control plane even with the routing headers (old SDKs send them).
+    r = httpx.get(f"{url}/sandboxes/{sbx.sandbox_id}", headers={**envd, "X-API-Key": server["alice"]})
+    assert r.status_code == 200 and r.json()["sandboxID"] == sbx.sandbox_id
+
+
+def test_unsupported_options_say_so(server):
+    with pytest.raises(SandboxException, match="no network"):
+        PlainSandbox.create(allow_internet_access=True)
+    with pytest.raises(SandboxException, match="template"):
+        PlainSandbox.create(template="my-custom-template")
+    s = PlainSandbox.create()
+    try:
+        with pytest.raises(SandboxException, match="not supported"):
+            s.pause()
+    finally:
+        s.kill()
+
+
+def test_async_sdk(server):
+    async def main():
+        s = await AsyncSandbox.create()
+        try:
+            await s.run_code("y = 6")
+            ex = await s.run_code("print('async'); y * 7")
+            r = await s.commands.run("echo $((6*7))")
+            await s.files.write("/home/user/async.txt", "async file")
+            text = await s.files.read("/home/user/async.txt")
+            plain = await PlainAsyncSandbox.connect(s.sandbox_id)
+            listed = await plain.files.list("/home/user")
+            return ex, r, text, [e.name for e in listed]
+        finally:
+            await s.kill()
+
+    ex, r, text, names = asyncio.run(main())
+    assert ex.text == "42" and ex.logs.stdout == ["async\n"]
+    assert r.stdout == "42\n" and text == "async file" and "async.txt" in names
+
+
+OLD_SDK_SCRIPT = r"""
+import json, e2b, e2b_code_interpreter
+from e2b_code_interpreter import Sandbox
+from e2b import CommandExitException
+s = Sandbox.create()
+out = {"versions": [e2b.__version__ if hasattr(e2b, "__version__") else "", ""]}
+try:
+    s.run_code("z = 5")
+    ex = s.run_code("print('old'); z * 2")
+    out["code"] = [ex.text, ex.logs.stdout]
+    out["error"] = s.run_code("undefined_name").error.name
+    out["cmd"] = s.commands.run("echo cmd; pwd").stdout
+    try:
+        s.commands.run("exit 4")
+    except CommandExitException as e:
+        out["exit"] = e.exit_code
+    s.files.write("/home/user/old.txt", "old sdk")
+    out["file"] = s.files.read("/home/user/old.txt")
+    out["seen"] = s.commands.run("cat /home/user/old.txt").stdout
+    out["list"] = [e.name for e in s.files.list("/home/user")]
+    out["info"] = s.get_info().sandbox_id == s.sandbox_id
+finally:
+    s.kill()
+print(json.dumps(out))
+"""
+
+
+def test_oldest_supported_sdk(server):
+    python = OLD_VENV / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"{OLD_VENV} is missing: scripts/setup.sh makes it (e2b==2.26.0, e2b-code-interpreter==2.9.0)")
+    versions = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import importlib.metadata as m; print(m.version('e2b'), m.version('e2b-code-interpreter'))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert versions == ["2.26.0", "2.9.0"]
+    env = {**os.environ, "E2B_API_URL": server["url"], "E2B_SANDBOX_URL": server["url"], "E2B_API_KEY": server["alice"]}
+    done = subprocess.run([str(python), "-c", OLD_SDK_SCRIPT], capture_output=True, text=True, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["code"] == ["10", ["old\n"]] and out["error"] == "NameError"
+    assert out["cmd"] == "cmd\n/home/user\n" and out["exit"] == 4
+    assert out["file"] == "old sdk" and out["seen"] == "old sdk" and "old.txt" in out["list"] and out["info"]
+
+
+def test_nothing_left_after_kill(server, sbx):
+    sbx.kill()
+    assert not PlainSandbox.list().next_items()
+    assert sbx.sandbox_id not in {r.id for r in _root_sessions()}
+    assert our_containers() == []
+
+
+def _root_sessions():
+    from sandloop.root import default_root
+
+    return default_root().list_sessions()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
