@@ -233,6 +233,47 @@ def test_isolation_holds_from_inside(sbx):
         sbx.commands.run("id", user="root")
 
 
+@pytest.mark.runsc
+def test_isolation_holds_under_gvisor(server, tmp_path, runtime):
+    """A server whose E2B sandboxes run on ``runtime`` (SANDLOOP_E2B_RUNTIME): the same checks
+    from inside, and the kernel the code sees is the one that runtime gives it."""
+    from sandloop import Sandloop, Settings
+
+    root = Sandloop(Settings(e2b_runtime=runtime, pool_size=0))
+    tokens = TokenStore(tmp_path / "tokens.sqlite")
+    key, _ = tokens.create("g")
+    try:
+        with serve_in_thread(create_app(tokens, sandloop=root)) as url:
+            opts = {"api_key": key, "api_url": url, "sandbox_url": url}
+            s = Sandbox.create(**opts)
+            try:
+                assert s.run_code("import os; os.getuid()").text != "0"
+                dmesg = s.commands.run("dmesg 2>/dev/null | head -1 || true").stdout
+                assert ("gVisor" in dmesg) == (runtime == "runsc"), dmesg
+                assert s.commands.run("cat /proc/net/dev | tail -n +3 | cut -d: -f1").stdout.split() == ["lo"]
+                # The sandbox's interpreter container, seen from the host: its runtime and memory.
+                import docker
+
+                from sandloop.sessions.store import SESSION_LABEL
+
+                client = docker.from_env()
+                try:
+                    (kernel,) = client.containers.list(filters={"label": f"{SESSION_LABEL}={s.sandbox_id}"})
+                    host = kernel.attrs["HostConfig"]
+                finally:
+                    client.close()
+                assert host["Runtime"].startswith(runtime) and host["Memory"] == 256 * 2**20
+                if runtime == "runc":  # and from inside, where the cgroup files are visible
+                    limit = s.commands.run(
+                        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max"
+                    ).stdout.strip()
+                    assert int(limit) == 256 * 2**20, limit
+            finally:
+                s.kill()
+    finally:
+        root.close()
+
+
 def test_a_key_never_reaches_another_keys_sandbox(server, sbx):
     bob = {"api_key": server["bob"]}
     with pytest.raises(NotFoundException):

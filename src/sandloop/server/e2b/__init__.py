@@ -140,6 +140,7 @@ def mount_e2b(app: FastAPI, api: Any) -> E2B:
     e2b = E2B(api, Registry(api.root.settings.home / "e2b.sqlite", api.root.settings.home / "e2b-secret"))
     app.include_router(control_routes(e2b))
     app.add_middleware(E2BSplit, sandbox=sandbox_app(e2b))
+    app.router.on_shutdown.append(e2b.stop)
 
     @app.exception_handler(E2BError)
     def _e2b_error(request: Request, exc: E2BError) -> JSONResponse:

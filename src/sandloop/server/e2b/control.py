@@ -125,9 +125,10 @@ def control_routes(e2b: E2B) -> APIRouter:
                 raise E2BError(400, f"{key}: {why}")
         timeout = _timeout(body.get("timeout"), DEFAULT_TIMEOUT)
         metadata, envs = _strings(body.get("metadata"), "metadata"), _strings(body.get("envVars"), "envVars")
-        limits = api.limits_for(token, LimitsIn())
+        limits = api.limits_for(token, LimitsIn(runtime=api.root.settings.e2b_runtime))
         quota = parse_size(WORKSPACE_QUOTA)
         e2b.reap()
+        e2b.start_reaper()
         with api.rates.use(token), api.session_lock:
             check_session_room(token, [r.quota_bytes for r in api.live_sessions(token)], quota)
             s = api.root.create_session(limits, ttl=timeout + TTL_MARGIN, quota=quota)

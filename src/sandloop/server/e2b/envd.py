@@ -151,6 +151,7 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
             user_of(request)
             box, token = await sandbox_of(request)
             message = await read_request(request)
+            e2b.check_stream_room(box.sandbox_id)  # before a process starts that no stream could follow
             if connect:
                 sel = selector(message)
                 peek = {"op": "poll", **sel, "wait": 0, "forget": False}
@@ -190,17 +191,22 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
 
         async def messages() -> AsyncIterator[dict[str, Any]]:
             try:
-                if first is not None:  # a reconnect: what the first poll already took
-                    yield {"event": {"start": {"pid": pid}}}
-                    for name in ("stdout", "stderr"):
-                        if first.get(name):
-                            yield {"event": {"data": {name: first[name]}}}
-                async for event in events(box.sandbox_id, pid, started=first is None):
-                    yield event
+                with e2b.stream_slot(box.sandbox_id):
+                    async for event in replay_and_follow():
+                        yield event
             except ConnectError:
                 raise
             except Exception as exc:  # noqa: BLE001 - ends the stream with a Connect error
                 raise to_connect(exc) from None
+
+        async def replay_and_follow() -> AsyncIterator[dict[str, Any]]:
+            if first is not None:  # a reconnect: what the first poll already took
+                yield {"event": {"start": {"pid": pid}}}
+                for name in ("stdout", "stderr"):
+                    if first.get(name):
+                        yield {"event": {"data": {name: first[name]}}}
+            async for event in events(box.sandbox_id, pid, started=first is None):
+                yield event
 
         return stream(messages())
 

@@ -10,9 +10,12 @@ one nobody calls any more.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 import time
+from collections.abc import Iterator
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +38,13 @@ MAX_TIMEOUT = 24 * 3600
 #: The session outlives its E2B timeout by this much, so the E2B layer (not the idle reaper)
 #: decides when it ends; the idle reaper still removes one that nobody calls.
 TTL_MARGIN = 60.0
+#: Seconds between two sweeps for sandboxes past their timeout (started with the first sandbox).
+REAP_EVERY = 5.0
+#: Process streams (Start/Connect) open at once on one sandbox; each polls its interpreter.
+MAX_STREAMS = 16
 _PROCS = resources.files("sandloop.server.e2b").joinpath("procs_helper.py").read_text()
 _MARK = "\x1esandloop-procs:"
+log = logging.getLogger(__name__)
 
 
 class E2BError(Exception):
@@ -85,7 +93,10 @@ class E2B:
     def __init__(self, api: Api, registry: Registry) -> None:
         self.api, self.registry = api, registry
         self._sessions: dict[str, Session] = {}
+        self._streams: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._reaper: threading.Thread | None = None
 
     # -- lifetime --------------------------------------------------------------------------------
     def session(self, sandbox_id: str) -> Session:
@@ -125,12 +136,58 @@ class E2B:
         for sandbox_id in self.registry.expired():
             self.kill(sandbox_id)
 
+    def start_reaper(self) -> None:
+        """Sweep for timed-out sandboxes every few seconds until ``stop()`` (server shutdown)."""
+        with self._lock:
+            if self._reaper is not None or self._stop.is_set():
+                return
+            self._reaper = threading.Thread(target=self._reap_loop, name="sandloop-e2b-reaper", daemon=True)
+        self._reaper.start()
+
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(REAP_EVERY):
+            try:
+                self.reap()
+            except Exception:  # noqa: BLE001 - an engine hiccup must not end the sweeps
+                log.warning("sweeping timed-out E2B sandboxes failed", exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._reaper is not None:
+            self._reaper.join(30)
+
+    def check_stream_room(self, sandbox_id: str) -> None:
+        with self._lock:
+            if self._streams.get(sandbox_id, 0) >= MAX_STREAMS:
+                raise E2BError(
+                    429, f"{MAX_STREAMS} process streams are open on sandbox {sandbox_id}; wait for one to end"
+                )
+
+    @contextlib.contextmanager
+    def stream_slot(self, sandbox_id: str) -> Iterator[None]:
+        """One of the sandbox's ``MAX_STREAMS`` process streams, for as long as the block runs."""
+        self.check_stream_room(sandbox_id)
+        with self._lock:
+            self._streams[sandbox_id] = self._streams.get(sandbox_id, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._streams[sandbox_id] -= 1
+                if not self._streams[sandbox_id]:
+                    del self._streams[sandbox_id]
+
     def live(self, box: E2BSandbox | None, sandbox_id: str) -> E2BSandbox:
         if box is None:
             raise E2BError(404, f"sandbox {sandbox_id} not found")
         if box.end_at < time.time():
             self.kill(sandbox_id)
             raise E2BError(404, f"sandbox {sandbox_id} not found: it timed out and was removed")
+        try:
+            self.api.root.sessions.load(sandbox_id)  # deleted through the native API, or idle-reaped?
+        except SessionNotFound:
+            self.forget(sandbox_id)
+            raise E2BError(404, f"sandbox {sandbox_id} not found (its session was deleted)") from None
         return box
 
     def mine(self, token: Token, sandbox_id: str) -> E2BSandbox:
