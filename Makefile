@@ -47,6 +47,8 @@ bench: setup
 	.bench/venv/bin/pip install --quiet -e . epicbox llm-sandbox "urllib3<2" trustme
 	.bench/venv/bin/python bench/bench.py $(BENCH_ARGS)
 	.bench/venv/bin/python bench/egress.py
+	.bench/venv/bin/pip install --quiet "e2b-code-interpreter>=2.9,<3"
+	.bench/venv/bin/python bench/e2b_compat.py
 
 # Docker beside the direct OCI backend (issue 12's targets), with HumanEval's data from its wheel.
 bench-backends: setup

@@ -183,6 +183,45 @@ def test_commands_background_wait_list_kill_stdin(sbx):
     assert cat.wait().stdout == "from stdin\n"
 
 
+def test_many_streams_share_one_poll_and_are_capped(sbx):
+    """16 process streams at once (the cap) are followed by one poll per sandbox: run_code stays
+    quick meanwhile; a 17th is refused with the reason; output of megabytes arrives whole."""
+    handles = [sbx.commands.run(f"echo start {i}; sleep 30", background=True) for i in range(16)]
+    try:
+        with pytest.raises(SandboxException, match="16 process streams"):
+            sbx.commands.run("echo one too many", background=True)
+        started = time.monotonic()
+        assert sbx.run_code("6 * 7").text == "42"
+        assert time.monotonic() - started < 3, "run_code waited behind the streams' polls"
+    finally:
+        for h in handles:
+            h.kill()
+    assert not [p for p in sbx.commands.list() if p.pid in {h.pid for h in handles}]
+    big = sbx.commands.run("head -c 3000000 /dev/zero | tr '\\0' 'x'; echo")
+    assert len(big.stdout) == 3_000_001 and set(big.stdout[:-1]) == {"x"}
+    printed = sbx.run_code("print('y' * 200_000)")
+    assert "".join(printed.logs.stdout) == "y" * 200_000 + "\n"
+
+
+def test_bodies_are_capped_before_they_are_read(server, sbx):
+    """A declared body over the route's cap is refused from the headers alone (no byte sent)."""
+    import socket
+    import urllib.parse
+
+    def status(path: str, length: int, headers: dict[str, str]) -> int:
+        host, port = urllib.parse.urlsplit(server["url"]).netloc.split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            lines = [f"POST {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {length}"]
+            lines += [f"{k}: {v}" for k, v in headers.items()]
+            conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+            return int(conn.recv(4096).split()[1])
+
+    route = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": sbx._envd_access_token}
+    assert status("/files?path=/home/user/huge", 300_000_000, route) == 413
+    assert status("/process.Process/List", 50_000_000, {**route, "Content-Type": "application/json"}) == 413
+    assert status("/v2/sandboxes", 50_000_000, {"X-API-Key": server["alice"]}) == 413
+
+
 def test_files_and_one_workspace_for_files_commands_and_code(sbx):
     info = sbx.files.write("/home/user/notes/a.txt", "alpha")
     assert info.path == "/home/user/notes/a.txt"

@@ -18,7 +18,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 
 
 def test_the_readme_has_the_examples_this_file_runs():
-    assert len(BLOCKS) == 5, "a Python block was added to or removed from the README: run it here too"
+    assert len(BLOCKS) == 6, "a Python block was added to or removed from the README: run it here too"
 
 
 def test_run_code_example(capsys):
@@ -61,4 +61,20 @@ def test_egress_example(capsys):
     first, second = capsys.readouterr().out.splitlines()
     assert first.startswith("False example.com:443 is not on this sandbox's allowlist"), first
     assert second == "True"
+    assert our_containers() == []
+
+
+def test_coming_from_e2b_example(tmp_path, monkeypatch, capsys):
+    """E2B's SDK against `sandloop serve` (a real uvicorn here), with the README's three variables."""
+    from sandloop.server.app import create_app
+    from sandloop.server.tokens import TokenStore
+    from tests.servers import serve_in_thread
+
+    tokens = TokenStore(tmp_path / "tokens.sqlite")
+    key, _ = tokens.create("alice")
+    with serve_in_thread(create_app(tokens)) as url:
+        for name, value in (("E2B_API_URL", url), ("E2B_SANDBOX_URL", url), ("E2B_API_KEY", key)):
+            monkeypatch.setenv(name, value)
+        exec(compile(BLOCKS[5], "README.md:e2b", "exec"), {})
+    assert capsys.readouterr().out == "42\nhello\nfrom /home/user\n\n"
     assert our_containers() == []

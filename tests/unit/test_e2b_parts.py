@@ -138,6 +138,18 @@ DRIVER = textwrap.dedent(
     quiet = op(op="start", config={"cmd": "sleep", "args": ["1"], "cwd": "/tmp"})
     out["no_stdin"] = op(op="input", pid=quiet["pid"], data="")
     out["bad"] = op(op="start", config={"cmd": "/no/such/program", "cwd": "/tmp"})
+    a = op(op="start", config={"cmd": "/bin/sh", "args": ["-c", "echo a"], "cwd": "/tmp"})["pid"]
+    b = op(op="start", config={"cmd": "/bin/sh", "args": ["-c", "sleep 0.2; echo b"], "cwd": "/tmp"})["pid"]
+    seen, ended = {a: b"", b: b""}, set()
+    while len(ended) < 2:
+        r = op(op="poll", pids=[a, b, 424242], wait=0.5)["replies"]
+        out["missing"] = r["424242"]["kind"]
+        for pid in (a, b):
+            if str(pid) in r and "stdout" in r[str(pid)]:
+                seen[pid] += base64.b64decode(r[str(pid)]["stdout"])
+                if "exit_code" in r[str(pid)]:
+                    ended.add(pid)
+    out["many"] = [seen[a].decode(), seen[b].decode()]
     print(json.dumps(out))
     """
 )
@@ -153,3 +165,4 @@ def test_process_table_in_a_real_interpreter():
     assert out["cat"] == "fed"
     assert out["no_stdin"]["kind"] == "invalid" and "stdin" in out["no_stdin"]["error"]
     assert out["bad"]["kind"] == "invalid_argument" and "/no/such/program" in out["bad"]["error"]
+    assert out["many"] == ["a\n", "b\n"] and out["missing"] == "not_found"  # several in one poll

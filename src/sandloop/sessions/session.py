@@ -223,16 +223,24 @@ class Session:
         secrets: Mapping[str, Secret] | None = None,
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
+        output_limit: int | None = None,
     ) -> CellResult:
         """Run a cell in the session's Python interpreter: globals persist between cells.
         ``secrets`` as for ``run_code``: their placeholders stay set in the interpreter.
         ``on_output("stdout" | "stderr", data)`` sees output as it arrives; setting ``cancel``
-        interrupts the cell (as its timeout would)."""
+        interrupts the cell (as its timeout would); ``output_limit`` replaces the session's
+        (bytes of stdout and of stderr kept)."""
         self._live()
         if not isinstance(code, str):
             raise InvalidArgument("a cell must be a string of Python")
         checked = check_secrets(secrets or {}, self.limits)
-        return self._kernel.run(code, check_timeout(timeout_seconds), self.limits, checked, on_output, cancel)
+        limits = self.limits
+        if output_limit is not None:
+            try:
+                limits = SandboxLimits(**{**limits.model_dump(), "output_limit": output_limit})
+            except SandboxError as exc:
+                raise InvalidArgument(str(exc)) from None
+        return self._kernel.run(code, check_timeout(timeout_seconds), limits, checked, on_output, cancel)
 
     # -- files ----------------------------------------------------------------------------------
     def _files(self, op: str, args: dict[str, Any], data: bytes = b"", output: int = 1024 * 1024) -> dict[str, Any]:

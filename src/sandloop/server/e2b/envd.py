@@ -27,10 +27,6 @@ from sandloop.server.errors import error_for
 
 #: Seconds between keepalive events on a quiet process stream (E2B's SDK asks for 50).
 KEEPALIVE = 30.0
-#: How long one poll of a process waits in the sandbox for output before answering.
-POLL_WAIT = 0.25
-#: Pause between two polls, so other calls on the sandbox's interpreter get their turn.
-POLL_GAP = 0.02
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
 _CODES = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denied", 404: "not_found"}
 _CODES |= {409: "already_exists", 413: "resource_exhausted", 429: "resource_exhausted", 501: "unimplemented"}
@@ -127,24 +123,30 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
         if started:
             yield {"event": {"start": {"pid": pid}}}
         loop = asyncio.get_running_loop()
-        quiet_since = loop.time()
-        while True:
-            reply = checked(
-                await run_in_threadpool(e2b.procs, sandbox_id, {"op": "poll", "pid": pid, "wait": POLL_WAIT})
-            )
-            for name in ("stdout", "stderr"):
-                if reply.get(name):
-                    quiet_since = loop.time()
-                    yield {"event": {"data": {name: reply[name]}}}
-            if "exit_code" in reply:
-                code = int(reply["exit_code"])
-                status = f"exit status {code}" if code >= 0 else f"signal: {_signal_name(-code)}"
-                yield {"event": {"end": {"exitCode": code if code >= 0 else -1, "exited": code >= 0, "status": status}}}
-                return
-            if loop.time() - quiet_since > KEEPALIVE:
-                quiet_since = loop.time()
-                yield {"event": {"keepalive": {}}}
-            await asyncio.sleep(POLL_GAP)
+        replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        def deliver(reply: dict[str, Any]) -> None:
+            loop.call_soon_threadsafe(replies.put_nowait, reply)
+
+        unfollow = e2b.follow(sandbox_id, pid, deliver)
+        try:
+            while True:
+                try:
+                    reply = checked(await asyncio.wait_for(replies.get(), KEEPALIVE))
+                except TimeoutError:
+                    yield {"event": {"keepalive": {}}}
+                    continue
+                for name in ("stdout", "stderr"):
+                    if reply.get(name):
+                        yield {"event": {"data": {name: reply[name]}}}
+                if "exit_code" in reply:
+                    code = int(reply["exit_code"])
+                    status = f"exit status {code}" if code >= 0 else f"signal: {_signal_name(-code)}"
+                    end = {"exitCode": code if code >= 0 else -1, "exited": code >= 0, "status": status}
+                    yield {"event": {"end": end}}
+                    return
+        finally:
+            unfollow()  # the client went away (or the process ended): it keeps running, unfollowed
 
     async def start_stream(request: Request, connect: bool) -> Response:
         try:

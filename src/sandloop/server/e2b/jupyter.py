@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from sandloop.server.e2b.control import e2b_error_response
-from sandloop.server.e2b.service import E2B, HOME, E2BError
+from sandloop.server.e2b.service import CODE_OUTPUT, E2B, HOME, E2BError
 
 CONTEXT_ID = "default"
 
@@ -87,7 +87,9 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
                     if envs:  # set for this execution and restored after it, as E2B's envs are
                         session.run_cell(_SET_ENVS % json.dumps(json.dumps(envs)), 10)
                     try:
-                        result = session.run_cell(code, timeout, on_output=emit, cancel=cancel)
+                        result = session.run_cell(
+                            code, timeout, on_output=emit, cancel=cancel, output_limit=CODE_OUTPUT
+                        )
                     finally:
                         flush()
                         if envs:

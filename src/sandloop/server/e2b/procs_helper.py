@@ -22,8 +22,9 @@ import types
 MARK = "\x1esandloop-procs:"
 #: Unread output kept per stream of a process nobody is polling; the rest is counted and dropped.
 BUFFER_CAP = 4 * 1024 * 1024
-#: The most one poll returns per stream (the cell's output has a cap of its own).
-POLL_CAP = 256 * 1024
+#: The most one poll returns in all (the cell's output has a cap of its own: 1 MiB by default;
+#: base64 and JSON add a third).
+POLL_CAP = 512 * 1024
 
 
 def _state():
@@ -120,29 +121,56 @@ def _find(state, args):
     return None
 
 
+def _ready(proc):
+    return proc.out["stdout"] or proc.out["stderr"] or proc.exit_code is not None
+
+
 def op_poll(state, args):
+    """What one process (``pid`` or ``tag``) or several (``pids``: one reply each, under
+    ``replies``) printed since the last poll, and the exit code once it ended and all was taken.
+    Waits up to ``wait`` seconds for any of them to have something."""
     deadline = time.monotonic() + min(float(args.get("wait", 0)), 1.0)
     with state.cond:
+        if "pids" in args:
+            procs = [(pid, state.procs.get(int(pid))) for pid in args["pids"]]
+            while not any(p is None or _ready(p) for _, p in procs):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                state.cond.wait(left)
+            replies = {}
+            for pid, proc in procs:
+                if proc is None:
+                    replies[str(pid)] = {"error": "no process %s" % pid, "kind": "not_found"}
+                elif _ready(proc):
+                    replies[str(pid)] = _take(state, proc, args, max(4096, POLL_CAP // 2 // len(procs)))
+            return {"replies": replies}
         proc = _find(state, args)
         if proc is None:
             return {"error": "no process %s" % (args.get("pid") or args.get("tag")), "kind": "not_found"}
-        while not (proc.out["stdout"] or proc.out["stderr"] or proc.exit_code is not None):
+        while not _ready(proc):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             state.cond.wait(left)
-        reply = {"pid": proc.popen.pid}
-        for name in ("stdout", "stderr"):
-            buf = proc.out[name]
-            reply[name] = base64.b64encode(bytes(buf[:POLL_CAP])).decode()
-            del buf[:POLL_CAP]
-        reply["dropped"], proc.dropped = proc.dropped, 0
-        done = proc.exit_code is not None and not proc.out["stdout"] and not proc.out["stderr"]
-        if done:
-            reply["exit_code"] = proc.exit_code
-            if args.get("forget", True):
-                state.procs.pop(proc.popen.pid, None)
-        return reply
+        return _take(state, proc, args, POLL_CAP // 2)
+
+
+def _take(state, proc, args, cap):
+    """A poll's reply for one process, at most ``cap`` bytes per stream (the caller holds
+    ``state.cond``)."""
+    reply = {"pid": proc.popen.pid}
+    for name in ("stdout", "stderr"):
+        buf = proc.out[name]
+        reply[name] = base64.b64encode(bytes(buf[:cap])).decode()
+        del buf[:cap]
+    reply["dropped"], proc.dropped = proc.dropped, 0
+    done = proc.exit_code is not None and not proc.out["stdout"] and not proc.out["stderr"]
+    if done:
+        reply["exit_code"] = proc.exit_code
+        if args.get("forget", True):
+            state.procs.pop(proc.popen.pid, None)
+    return reply
 
 
 def op_list(state, args):

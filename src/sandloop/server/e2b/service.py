@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,10 @@ TTL_MARGIN = 60.0
 REAP_EVERY = 5.0
 #: Process streams (Start/Connect) open at once on one sandbox; each polls its interpreter.
 MAX_STREAMS = 16
+#: Output kept per stream of a cell: the process table's answers (a poll returns up to 512 KiB,
+#: in base64) and run_code's output.
+PROCS_OUTPUT = 4 * 1024 * 1024
+CODE_OUTPUT = 1024 * 1024
 _PROCS = resources.files("sandloop.server.e2b").joinpath("procs_helper.py").read_text()
 _MARK = "\x1esandloop-procs:"
 log = logging.getLogger(__name__)
@@ -89,11 +93,72 @@ def command_cwd(cwd: str | None) -> str:
     return cwd if cwd.startswith("/") else f"{HOME}/{cwd}"
 
 
+#: How long one poll of a sandbox's processes waits inside for output before answering, and the
+#: pause between two polls (so run_code and other calls get the interpreter in between).
+POLL_WAIT, POLL_GAP = 0.25, 0.02
+
+
+class Follower:
+    """Follows a sandbox's processes for their streams: one thread polls all the followed
+    processes in one cell, however many streams are open, and hands each reply to the streams of
+    its process. It ends when nobody follows anything."""
+
+    def __init__(self, e2b: E2B, sandbox_id: str) -> None:
+        self.e2b, self.sandbox_id = e2b, sandbox_id
+        self._subs: dict[int, list[Callable[[dict[str, Any]], None]]] = {}
+        self._lock = threading.Lock()
+        self._running = False
+
+    def follow(self, pid: int, deliver: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+        """``deliver(reply)`` gets each poll's reply for ``pid`` until one ends it (``exit_code``
+        or ``error``); returns the function that stops following."""
+        with self._lock:
+            self._subs.setdefault(pid, []).append(deliver)
+            start = not self._running
+            self._running = True
+        if start:
+            threading.Thread(target=self._loop, name=f"sandloop-e2b-follow-{self.sandbox_id}", daemon=True).start()
+
+        def unfollow() -> None:
+            with self._lock:
+                subs = self._subs.get(pid, [])
+                if deliver in subs:
+                    subs.remove(deliver)
+                if not subs:
+                    self._subs.pop(pid, None)
+
+        return unfollow
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                pids = list(self._subs)
+                if not pids:
+                    self._running = False
+                    return
+            try:
+                reply = self.e2b.procs(self.sandbox_id, {"op": "poll", "pids": pids, "wait": POLL_WAIT})
+                replies = reply.get("replies") or {}
+                if "error" in reply:
+                    replies = {str(pid): reply for pid in pids}
+            except Exception as exc:  # noqa: BLE001 - every stream ends with it
+                replies = {str(pid): {"error": str(exc), "kind": "internal"} for pid in pids}
+            for key, r in replies.items():
+                with self._lock:
+                    subs = list(self._subs.get(int(key), []))
+                    if "exit_code" in r or "error" in r:
+                        self._subs.pop(int(key), None)
+                for deliver in subs:
+                    deliver(r)
+            time.sleep(POLL_GAP)
+
+
 class E2B:
     def __init__(self, api: Api, registry: Registry) -> None:
         self.api, self.registry = api, registry
         self._sessions: dict[str, Session] = {}
         self._streams: dict[str, int] = {}
+        self._followers: dict[str, Follower] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
@@ -116,6 +181,7 @@ class E2B:
     def forget(self, sandbox_id: str) -> None:
         with self._lock:
             s = self._sessions.pop(sandbox_id, None)
+            self._followers.pop(sandbox_id, None)
         if s is not None:
             s.close()
         self.registry.remove(sandbox_id)
@@ -155,6 +221,11 @@ class E2B:
         self._stop.set()
         if self._reaper is not None:
             self._reaper.join(30)
+
+    def follow(self, sandbox_id: str, pid: int, deliver: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+        with self._lock:
+            follower = self._followers.setdefault(sandbox_id, Follower(self, sandbox_id))
+        return follower.follow(pid, deliver)
 
     def check_stream_room(self, sandbox_id: str) -> None:
         with self._lock:
@@ -227,7 +298,7 @@ class E2B:
         encoded = json.dumps(args)
         namespace = f"{{'__name__': '_sandloop_procs_cell', 'ARGS': __import__('json').loads({encoded!r})}}"
         cell = f"exec({_PROCS!r}, {namespace})"
-        result = self.session(sandbox_id).run_cell(cell, timeout)
+        result = self.session(sandbox_id).run_cell(cell, timeout, output_limit=PROCS_OUTPUT)
         at = result.stdout.rfind(_MARK)
         if at < 0:
             detail = (result.stderr or result.stdout)[-300:]
