@@ -73,5 +73,12 @@ def test_engine_dies_mid_burst_then_restarts(sig, backend, tmp_path):
     assert all(o[3] for o in outcomes), [o for o in outcomes if not o[3]]  # never a wrong result
     assert max(o[2] for o in outcomes) < BOUND, "a request took longer than its bound"
     assert load.recovered_since(back_at), "runs never recovered"
-    assert any(o[4] > killed_at and o[1] != "ok" for o in outcomes), "the fault was never seen"
+    if backend == "docker":
+        assert any(o[4] > killed_at and o[1] != "ok" for o in outcomes), "the fault was never seen"
+    else:
+        # Direct runs need no engine, and a session's interpreter outlives the engine's process
+        # (measured: 6,153 cells, all right, through a SIGKILL): the outage may not show at all.
+        # What must show is work served while the engine was down.
+        during = [o for o in outcomes if killed_at + 0.5 < o[4] < back_at and o[1] == "ok"]
+        assert during, "nothing was served while the engine was down"
     assert leftovers(load.sessions) == []
