@@ -99,3 +99,34 @@ def limits(runtime: str, mode: str, roots) -> SandboxLimits:
         warm = roots["warm"]
         assert warm.dispatcher.prewarm(SandboxSpec(warm.image, lim), timeout=120), "pool did not fill"
     return lim
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One real local Ray cluster for the session (a head and two sandbox nodes), started on first
+    use; its nodes' actors run sandboxes through Docker with no warm pool, so every run is one
+    container start (tests count them). Stopped by the pids it started."""
+    pytest.importorskip("ray") if not REQUIRE_DOCKER else None
+    problem, _ = engine_state()
+    if problem:
+        _missing(problem)
+    from tests.ray_cluster import LocalCluster
+
+    cluster = LocalCluster(workers=2).start()
+    try:
+        yield cluster
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            from sandloop.runtime.ray import RayBackend
+
+            RayBackend(cluster.address).shutdown_nodes()
+            ray.shutdown()
+        cluster.stop()
+
+
+def ray_settings(cluster, **kw):
+    from sandloop import Settings
+
+    return Settings(backend={"type": "ray", "address": cluster.address, "node_backend": "docker"}, pool_size=0, **kw)

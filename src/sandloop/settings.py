@@ -83,7 +83,36 @@ class FakeConfig(BaseModel):
         return FakeBackend(home=settings.home)
 
 
-BackendConfig = Annotated[DockerConfig | OCIConfig | FakeConfig, Field(discriminator="type")]
+class RayConfig(BaseModel):
+    """A Ray cluster: one actor per node started with the ``sandloop`` resource runs that node's
+    sandboxes through its own local backend (``node_backend``). See runtime/ray/backend.py."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["ray"] = "ray"
+    address: str | None = Field(None, description="The cluster (default: RAY_ADDRESS, else a local one: 'auto').")
+    namespace: str = Field("sandloop", description="Ray namespace of sandloop's named actors.")
+    node_backend: Literal["oci", "docker"] = Field("oci", description="The backend each node runs its sandboxes on.")
+
+    def build(self, settings: Settings) -> FullBackend:
+        from sandloop.runtime.ray import RayBackend
+
+        node: dict[str, Any] = {
+            "backend": self.node_backend,
+            "pool_size": settings.pool_size,
+            "max_running": settings.max_running,
+            "max_creating": settings.max_creating,
+            "queue_wait_seconds": min(settings.queue_wait_seconds, 0.5),  # the driver waits across nodes
+            "engine_timeout": settings.engine_timeout,
+        }
+        if settings.image:
+            node["image"] = settings.image
+        return RayBackend(
+            self.address, namespace=self.namespace, node_settings=node, queue_wait_seconds=settings.queue_wait_seconds
+        )
+
+
+BackendConfig = Annotated[DockerConfig | OCIConfig | FakeConfig | RayConfig, Field(discriminator="type")]
 
 
 class Settings(BaseSettings):

@@ -14,6 +14,7 @@ PARAMS = [
     pytest.param("oci-runc", marks=pytest.mark.docker),
     pytest.param("oci-runsc", marks=[pytest.mark.docker, pytest.mark.runsc]),
     pytest.param("fake"),
+    pytest.param("ray-runc", marks=[pytest.mark.docker, pytest.mark.ray]),
 ]
 
 
@@ -49,6 +50,14 @@ class Under:
 @pytest.fixture(params=PARAMS)
 def under(request: pytest.FixtureRequest, tmp_path):
     name = request.param
+    if name.startswith("ray-"):
+        from sandloop.settings import runtime_image
+        from tests.conftest import ray_settings
+
+        backend = ray_settings(request.getfixturevalue("ray_cluster")).build_backend()
+        yield Under(backend, "runc", runtime_image())
+        backend.close()
+        return
     if name == "fake":
         from sandloop.testing.fake import FakeBackend
 

@@ -130,4 +130,4 @@ def test_a_kernel_keeps_state_survives_an_interrupt_and_is_found_again(under):
 
 def test_info_names_the_backend(under):
     info = under.backend.info()
-    assert info.name in ("docker", "oci", "fake") and under.runtime in info.runtimes and info.version
+    assert info.name in ("docker", "oci", "fake", "ray") and under.runtime in info.runtimes and info.version

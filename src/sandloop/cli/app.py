@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from sandloop.cli import images, run, serve, session, tokens  # noqa: F401 - they register their commands
+from sandloop.cli import cluster, images, run, serve, session, tokens  # noqa: F401 - they register their commands
 from sandloop.cli.common import app
 
 __all__ = ["app", "main"]

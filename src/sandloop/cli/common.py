@@ -38,6 +38,8 @@ session_app = typer.Typer(
 app.add_typer(session_app, name="session")
 tokens_app = typer.Typer(help="Bearer tokens for `sandloop serve` (stored hashed).", no_args_is_help=True)
 app.add_typer(tokens_app, name="tokens")
+cluster_app = typer.Typer(help="A Ray cluster of sandbox nodes (SANDLOOP_BACKEND=ray).", no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)

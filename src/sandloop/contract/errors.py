@@ -117,3 +117,17 @@ class SessionNotFound(SandboxError):
     """No live session with that id: it was deleted, or its idle TTL expired."""
 
     code = "session_not_found"
+
+
+class NodeLost(SandboxError):
+    """A node of a cluster (the Ray backend) was lost, or stopped answering, during a call. The
+    call may or may not have started its code; it is never retried (untrusted code runs at most
+    once). New calls go to live nodes."""
+
+    code = "node_lost"
+
+
+class SessionLost(SessionNotFound):
+    """The session lived on a cluster node that is gone: its workspace and interpreter went with it."""
+
+    code = "session_lost"

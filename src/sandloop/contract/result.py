@@ -42,6 +42,9 @@ class ExecutionResult(BaseModel):
     egress: list[EgressAttempt] = Field(
         default_factory=list, description="Every outbound request through the egress proxy (limits.egress)."
     )
+    host: str | None = Field(
+        None, description="The cluster node that ran it (the Ray backend: its node id, hex); None on one host."
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -64,6 +64,10 @@ class Dispatcher:
     # -- runs ---------------------------------------------------------------------------------
     def run(self, request: RunRequest, pool_size: int | None = None) -> ExecutionResult:
         started = time.monotonic()
+        if getattr(self.backend, "dispatches_runs", False):
+            # A backend whose nodes pool and admit their own sandboxes (Ray): the whole run goes
+            # there in one call; nothing is pooled here.
+            return self.backend.run(request)
         with self.admission.running():
             pool = self.pool_for(request.spec, size=pool_size)
             sandbox = pool.take() if pool is not None else None

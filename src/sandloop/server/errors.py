@@ -10,6 +10,8 @@ STATUS = {
     "busy": 429,
     "not_found": 404,
     "session_not_found": 404,
+    "session_lost": 410,
+    "node_lost": 503,
     "path_refused": 400,
     "too_large": 413,
     "workspace_full": 507,
@@ -21,7 +23,7 @@ STATUS = {
     "image_missing": 503,
     "runtime_unavailable": 503,
 }
-RETRY_AFTER = {"busy": 2, "engine_unavailable": 5}
+RETRY_AFTER = {"busy": 2, "engine_unavailable": 5, "node_lost": 2}
 
 
 class ApiError(Exception):
@@ -33,5 +35,13 @@ class ApiError(Exception):
 def error_for(exc: SandboxError) -> ApiError:
     code = exc.code
     # The engine's and image's troubles are the operator's, not the caller's: one code for them.
-    public = "engine_unavailable" if STATUS.get(code) == 503 else "not_found" if code.endswith("not_found") else code
+    public = (
+        code
+        if code == "node_lost"
+        else "engine_unavailable"
+        if STATUS.get(code) == 503
+        else "not_found"
+        if code.endswith("not_found")
+        else code
+    )
     return ApiError(STATUS.get(code, 500), public, str(exc), retry_after=RETRY_AFTER.get(public))

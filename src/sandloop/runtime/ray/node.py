@@ -1,0 +1,249 @@
+"""What runs on each sandbox node of a Ray cluster: ``NodeService``, one long-lived actor per node
+started with the ``sandloop`` resource, owning that node's local backend (Docker, or the direct
+OCI one) and a dispatcher with its warm pool, admission, labels, deadlines and reaper. Untrusted
+code never runs in a Ray worker: only in this node's sandboxes, with the full isolation set.
+
+``Registry``: one detached actor per cluster (on any node, no resources) that maps a session to
+the node holding its workspace and interpreter, so any driver can find it.
+
+Both are plain classes here; ``backend.py`` makes them actors (``ray.remote``) with no retries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, SandboxLimits
+from sandloop.contract.egress import Secret
+from sandloop.runtime.base import Owned, RunRequest, SandboxSpec, WorkspaceRef
+
+
+class NodeService:
+    """One node's sandboxes. Handles of launched sandboxes stay here, keyed by their id; drivers
+    hold only ids."""
+
+    def __init__(self, node_id: str, overrides: dict[str, Any], namespace: str = "sandloop") -> None:
+        from sandloop.root import Sandloop
+        from sandloop.settings import Settings
+
+        self.node_id = node_id
+        self.namespace = namespace
+        self.settings = Settings(**overrides)
+        self.root = Sandloop(self.settings)
+        self._handles: dict[str, Any] = {}
+        self._kernel_locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._running = 0
+        self.started = time.time()
+        self.runs = 0
+        self._stop = threading.Event()
+        # This node's reaper: now (what a previous actor here left: a lost node's sandboxes end at
+        # their deadlines, and are removed when it returns) and every reap interval.
+        threading.Thread(target=self._reap_loop, name="sandloop-node-reaper", daemon=True).start()
+
+    def _reap_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # an engine hiccup must not end the sweeps
+                self.root.reap()
+            with contextlib.suppress(Exception):
+                self._remove_dropped_workspaces()
+            if self._stop.wait(self.settings.reap_interval_seconds):
+                return
+
+    # -- state --------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        image = self.root.image
+        try:
+            has_image, problem = self.root.backend.has_image(image), ""
+        except Exception as exc:  # noqa: BLE001 - reported, the node takes no runs
+            has_image, problem = False, f"{type(exc).__name__}: {exc}"
+        return {
+            "node_id": self.node_id,
+            "host": os.uname().nodename,
+            "pid": os.getpid(),
+            "backend": self.root.backend.name,
+            "image": image,
+            "has_image": has_image,
+            "problem": problem or ("" if has_image else f"image {image} is missing: run `sandloop images build` here"),
+            "max_running": self.settings.max_running,
+            "running": self._running,
+            "runs": self.runs,
+            "pool": self.root.dispatcher.stats(),
+            "held": len(self._handles),
+            "started": self.started,
+        }
+
+    def _remove_dropped_workspaces(self) -> None:
+        """Workspaces here of sessions deleted while this host's node was gone."""
+        import ray
+
+        dropped: set[str] = set(
+            ray.get(ray.get_actor("sandloop-registry", namespace=self.namespace).dropped.remote(), timeout=30)
+        )
+        if not dropped:
+            return
+        from sandloop.runtime.labels import SESSION_LABEL
+
+        for item in self.root.backend.owned():
+            session = item.labels.get(SESSION_LABEL)
+            if item.kind == "workspace" and session in dropped:
+                self.root.backend.delete_workspace(session)
+
+    # -- coarse runs (the node's own warm pool) -------------------------------------------------
+    def run(self, request: RunRequest) -> ExecutionResult:
+        with self._lock:
+            self._running += 1
+        try:
+            result = self.root.dispatcher.run(request)
+        finally:
+            with self._lock:
+                self._running -= 1
+                self.runs += 1
+        return result.model_copy(update={"host": self.node_id})
+
+    # -- the backend seam, one call each ------------------------------------------------------
+    def launch(self, spec: SandboxSpec, purpose: str, lifetime_seconds: float) -> str:
+        sandbox = self.root.backend.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
+        with self._lock:
+            self._handles[sandbox.id] = sandbox
+        return str(sandbox.id)
+
+    def _handle(self, sandbox_id: str) -> Any:
+        with self._lock:
+            handle = self._handles.get(sandbox_id)
+        if handle is None:
+            raise InvalidArgument(f"sandbox {sandbox_id} is not held by node {self.node_id[:12]}")
+        return handle
+
+    def execute(self, sandbox_id: str, request: RunRequest) -> ExecutionResult:
+        result = self.root.backend.execute(self._handle(sandbox_id), request)
+        return result.model_copy(update={"host": self.node_id})
+
+    def run_cell(
+        self,
+        sandbox_id: str,
+        code: str,
+        limits: SandboxLimits,
+        interrupt_after: float,
+        grace: float,
+        secrets_: dict[str, Secret] | None,
+    ) -> CellResult:
+        with self._lock:
+            lock = self._kernel_locks.setdefault(sandbox_id, threading.Lock())
+        with lock:  # one cell at a time per interpreter, whichever driver sent it
+            result = self.root.backend.run_cell(
+                self._handle(sandbox_id),
+                code,
+                limits=limits,
+                interrupt_after=interrupt_after,
+                grace=grace,
+                secrets=secrets_,
+            )
+        return result.model_copy(update={"host": self.node_id})
+
+    def find_kernel(self, session_id: str, spec: SandboxSpec) -> str | None:
+        sandbox = self.root.backend.find_kernel(session_id, spec)
+        if sandbox is None:
+            return None
+        with self._lock:
+            self._handles[sandbox.id] = sandbox
+        return str(sandbox.id)
+
+    def is_alive(self, sandbox_id: str) -> bool:
+        with self._lock:
+            handle = self._handles.get(sandbox_id)
+        return handle is not None and bool(self.root.backend.is_alive(handle))
+
+    def detach(self, sandbox_id: str) -> None:
+        with self._lock:
+            handle = self._handles.pop(sandbox_id, None)
+            self._kernel_locks.pop(sandbox_id, None)
+        if handle is not None:
+            self.root.backend.detach(handle)
+
+    def destroy(self, sandbox_id: str) -> None:
+        with self._lock:
+            handle = self._handles.pop(sandbox_id, None)
+            self._kernel_locks.pop(sandbox_id, None)
+        if handle is not None:
+            self.root.backend.destroy(handle)
+
+    def has_image(self, image: str) -> bool:
+        return bool(self.root.backend.has_image(image))
+
+    # -- workspaces -----------------------------------------------------------------------------
+    def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef:
+        return self.root.backend.create_workspace(session_id, quota_bytes, owner_uid_gid)
+
+    def ensure_workspace(self, session_id: str, ref: WorkspaceRef) -> None:
+        self.root.backend.ensure_workspace(session_id, ref)
+
+    def delete_workspace(self, session_id: str) -> None:
+        self.root.backend.delete_workspace(session_id)
+
+    # -- housekeeping ---------------------------------------------------------------------------
+    def owned(self) -> list[Owned]:
+        return list(self.root.backend.owned())
+
+    def remove(self, item: Owned) -> str | None:
+        return self.root.backend.remove(item)
+
+    def remove_labelled(self, label: str, value: str) -> int:
+        return int(self.root.backend.remove_labelled(label, value))
+
+    def retry_removals(self) -> int:
+        return int(self.root.backend.retry_removals())
+
+    def sweep_orphans(self, min_age: float | None = None) -> int:
+        return int(self.root.backend.sweep_orphans(min_age))
+
+    def reap(self) -> dict[str, Any]:
+        report = self.root.reap()
+        return {"removed": len(report.removed), "unremovable": len(report.unremovable)}
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            handles, self._handles = list(self._handles.values()), {}
+        for handle in handles:
+            with contextlib.suppress(Exception):  # best effort at shutdown
+                self.root.backend.detach(handle)
+        self.root.close()
+
+
+class Registry:
+    """Which node holds which session (cluster-wide, for every driver); and the sessions deleted
+    while their node was gone, whose workspaces that node removes when it returns."""
+
+    def __init__(self) -> None:
+        self._where: dict[str, str] = {}
+        self._dropped: set[str] = set()
+
+    def put(self, session_id: str, node_id: str) -> None:
+        self._where[session_id] = node_id
+
+    def get(self, session_id: str) -> str | None:
+        return self._where.get(session_id)
+
+    def remove(self, session_id: str) -> None:
+        self._where.pop(session_id, None)
+
+    def all(self) -> dict[str, str]:
+        return dict(self._where)
+
+    def drop(self, session_id: str) -> None:
+        self._where.pop(session_id, None)
+        self._dropped.add(session_id)
+
+    def dropped(self) -> list[str]:
+        return sorted(self._dropped)
+
+
+def strip_for_the_wire(request: RunRequest) -> RunRequest:
+    """A request a node can receive: no callback (it cannot cross processes)."""
+    return replace(request, on_output=None) if request.on_output is not None else request

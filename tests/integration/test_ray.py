@@ -1,0 +1,229 @@
+"""The Ray backend on a real local cluster (a head and two sandbox nodes, tests/ray_cluster.py),
+shared with the contract suite's ``ray`` parameter: runs spread over the nodes, sessions across
+drivers, the HTTP API over the cluster, a node killed mid-run (its runs fail fast, nothing runs
+twice, the live node takes the next), and nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import docker
+import httpx
+import pytest
+
+from sandloop import Sandloop
+from sandloop.contract import NodeLost, SessionLost
+from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
+from tests.conftest import ray_settings
+from tests.servers import serve_in_thread
+
+pytestmark = pytest.mark.ray
+#: Sessions the tests here made and deleted (their workspaces must be gone at the end).
+DELETED: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def root(ray_cluster):
+    sl = Sandloop(ray_settings(ray_cluster))
+    yield sl
+    sl.close()
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def test_runs_spread_over_both_nodes_with_correct_results(root):
+    nodes = root.backend.node_ids()
+    assert len(nodes) == 2
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda i: root.run_code(f"print({i} * {i})"), range(12)))
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(12)]
+    assert {r.host for r in results} == set(nodes)  # both nodes took runs; each result says which
+    assert all(r.ok and r.backend == "docker" for r in results)
+    assert root.run_code("import os; print(os.getuid())").stdout != "0\n"  # the sandbox's isolation, unchanged
+
+
+def test_cluster_status_lists_the_nodes_and_their_state(root, ray_cluster):
+    states = root.backend.status()
+    assert sorted(s["node_id"] for s in states) == sorted(root.backend.node_ids())
+    assert all(s["has_image"] and s["max_running"] > 0 and s["backend"] == "docker" for s in states)
+    backend = json.dumps({"type": "ray", "address": ray_cluster.address, "node_backend": "docker"})
+    done = subprocess.run(
+        [sys.executable, "-m", "sandloop", "cluster", "status", "--json"],
+        capture_output=True,
+        text=True,
+        env={**_env(), "SANDLOOP_BACKEND": backend},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(n["node_id"] for n in json.loads(done.stdout)) == sorted(root.backend.node_ids())
+    local = subprocess.run(
+        [sys.executable, "-m", "sandloop", "cluster", "status"], capture_output=True, text=True, env=_env(), timeout=120
+    )
+    assert local.returncode == 2 and "SANDLOOP_BACKEND=ray" in local.stderr
+
+
+def test_a_session_made_by_one_driver_is_attached_from_another(root, ray_cluster):
+    s = root.create_session(quota="32m")
+    try:
+        s.run_cell("x = 41")
+        s.write_file("notes.txt", "kept")
+        backend = {"type": "ray", "address": ray_cluster.address, "node_backend": "docker"}
+        script = (
+            "import json\n"
+            "from sandloop import Sandloop, Settings\n"
+            f"sl = Sandloop(Settings(backend={backend!r}, pool_size=0))\n"
+            f"s = sl.attach_session({s.id!r})\n"
+            "c = s.run_cell('x + 1')\n"
+            "print(json.dumps([c.value, s.read_file('notes.txt').decode(), c.host]))\n"
+            "s.close(); sl.close()\n"
+        )
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+        value, notes, host = json.loads(done.stdout.strip().splitlines()[-1])
+        assert value == "42" and notes == "kept" and host in root.backend.node_ids()
+        assert s.run_cell("x").value == "41"  # and from this driver again
+    finally:
+        s.delete()
+        DELETED.append(s.id)
+
+
+def test_the_http_api_serves_the_cluster(root, tmp_path):
+    from sandloop.server.app import create_app
+    from sandloop.server.tokens import TokenStore
+
+    tokens = TokenStore(tmp_path / "tokens.sqlite")
+    key, _ = tokens.create("ray")
+    with serve_in_thread(create_app(tokens, sandloop=root)) as url:
+        headers = {"Authorization": f"Bearer {key}"}
+        r = httpx.post(f"{url}/v1/runs", json={"code": "print(6 * 7)"}, headers=headers, timeout=120).json()
+        assert r["stdout"] == "42\n" and r["host"] in root.backend.node_ids()
+        sid = httpx.post(f"{url}/v1/sessions", json={}, headers=headers, timeout=120).json()["id"]
+        cell = httpx.post(f"{url}/v1/sessions/{sid}/cells", json={"code": "2 + 2"}, headers=headers, timeout=120)
+        assert cell.json()["value"] == "4"
+        assert httpx.delete(f"{url}/v1/sessions/{sid}", headers=headers, timeout=120).status_code == 204
+        DELETED.append(sid)
+
+
+def _run_starts(since: float) -> int:
+    """Run containers started on the engine (both nodes share this host's) since ``since``."""
+    client = docker.from_env()
+    try:
+        events = client.events(
+            since=since,
+            until=time.time() + 1,
+            decode=True,
+            filters={"event": "start", "label": [f"{LABEL_PREFIX}purpose=run"]},
+        )
+        return sum(1 for _ in events)
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_cluster):
+    """Four runs sleeping on the two nodes; the raylet of the node that holds a session is
+    SIGKILLed. Its runs raise NodeLost within seconds, the other node's finish, the session is
+    SessionLost, no run's sandbox was started twice (counted on the engine), later runs go to
+    the live node; when the node comes back its reaper removes what the lost one left."""
+    session = root.create_session(quota="16m")
+    session.close()
+    victim = root.backend._session_node(session.id)
+    survivor = next(n for n in root.backend.node_ids() if n != victim)
+    t0 = time.time()
+    outcomes: dict[int, tuple] = {}
+
+    def one(i: int) -> None:
+        started = time.monotonic()
+        try:
+            r = root.run_code(f"import time\nprint('run-{i}', flush=True)\ntime.sleep(10)", timeout_seconds=30)
+            outcomes[i] = ("ok", r.host, time.monotonic() - started)
+        except NodeLost as exc:
+            outcomes[i] = ("lost", str(exc), time.monotonic() - started, time.monotonic())
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+        time.sleep(0.3)
+    time.sleep(4)  # all four are sleeping inside their sandboxes
+    ray_cluster.kill_node(ray_cluster.node_index(victim))
+    killed = time.monotonic()
+    for t in threads:
+        t.join(90)
+    lost = {i: o for i, o in outcomes.items() if o[0] == "lost"}
+    ok = {i: o for i, o in outcomes.items() if o[0] == "ok"}
+    assert len(outcomes) == 4 and lost and ok, outcomes
+    assert all(o[1] == survivor for o in ok.values()), outcomes
+    assert all(o[3] - killed < 20 for o in lost.values()), outcomes  # failed within seconds of the kill
+    later = root.run_code("print('after')")
+    assert later.ok and later.host == survivor
+    # Until the cluster marks the node dead, its session's calls raise NodeLost; then SessionLost.
+    deadline = time.monotonic() + 90
+    while victim in root.backend.node_ids() and time.monotonic() < deadline:
+        with pytest.raises(NodeLost):
+            root.attach_session(session.id)
+        time.sleep(1)
+    with pytest.raises(SessionLost, match="gone"):
+        root.attach_session(session.id)
+    assert _run_starts(t0) == 5  # four runs and the later one: none started a second time
+    # The session is deleted while its node is gone; the node returns (a new Ray node on the same
+    # host and home): its reaper removes the lost actor's leftovers (their owner is dead) once they
+    # ended, and the deleted session's workspace.
+    root.sessions.delete(session.id)
+    ray_cluster.restart_node(ray_cluster.last_killed)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if len(root.backend.node_ids()) == 2:
+            root.backend.status()  # reaches the new node's actor: its reaper runs at start
+            if not _leftover_runs(t0) and not _volume_of(session.id):
+                break
+        time.sleep(2)
+    assert len(root.backend.node_ids()) == 2
+    assert not _leftover_runs(t0)
+    assert not _volume_of(session.id)
+
+
+def _volume_of(session_id: str) -> list[str]:
+    client = docker.from_env()
+    try:
+        return [v.name for v in client.volumes.list(filters={"label": f"{SESSION_LABEL}={session_id}"})]
+    finally:
+        client.close()
+
+
+def _leftover_runs(since: float) -> list[str]:
+    """Run containers (running or not) made since ``since``: a finished run's is removed at once."""
+    client = docker.from_env()
+    try:
+        found = client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}purpose=run"})
+        return [c.id for c in found if float(c.labels.get(f"{LABEL_PREFIX}created", "0")) >= since - 1]
+    finally:
+        client.close()
+
+
+def test_nothing_is_left_when_the_nodes_stop(root):
+    """Last here: the node actors stopped the clean way (as before taking a cluster down) leave no
+    container or workspace behind; the next driver would start them again."""
+    pids = {s["pid"] for s in root.backend.status()}
+    assert root.backend.shutdown_nodes() == 2
+    client = docker.from_env()
+    try:
+        left = [
+            c.name
+            for c in client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}owner"})
+            if any(f":{pid}:" in c.labels.get(f"{LABEL_PREFIX}owner", "") for pid in pids)
+        ]
+        volumes = client.volumes.list(filters={"label": f"{LABEL_PREFIX}session"})
+    finally:
+        client.close()
+    assert left == []
+    assert DELETED and not [v.name for v in volumes if (v.attrs.get("Labels") or {}).get(SESSION_LABEL) in DELETED]

@@ -1,0 +1,137 @@
+"""A real local Ray cluster for the tests: a head (no sandloop resource) and sandbox nodes (each
+with ``{"sandloop": 1}`` and a SANDLOOP_HOME of its own), on loopback, on ports and a temp dir of
+its own. Stopped by the pids it started (every process whose command line names its temp dir),
+never by ``ray stop``, which would stop every cluster on the machine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.servers import free_port
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+class LocalCluster:
+    def __init__(self, workers: int = 2) -> None:
+        # Short: Ray's Unix sockets live under it (a socket path has at most 107 bytes).
+        self.tmp = Path(tempfile.mkdtemp(prefix="slray-", dir="/tmp"))
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.workers = workers
+        self.node_ports: list[int] = []
+        self.homes: list[Path] = []
+        self.last_killed = -1
+
+    def _env(self, home: Path | None = None) -> dict[str, str]:
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_IMPORT_WARNING": "1"}
+        env.pop("RAY_ADDRESS", None)
+        if home is not None:
+            env["SANDLOOP_HOME"] = str(home)
+        return env
+
+    def _start(self, args: list[str], env: dict[str, str]) -> None:
+        done = subprocess.run([RAY, "start", *args], env=env, capture_output=True, text=True, timeout=180)
+        if done.returncode != 0:
+            raise RuntimeError(f"ray start {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+
+    def start(self) -> LocalCluster:
+        common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats", "--num-cpus=1"]
+        self._start(
+            ["--head", f"--port={self.port}", f"--temp-dir={self.tmp}", "--include-dashboard=false", *common],
+            self._env(),
+        )
+        for i in range(self.workers):
+            self.add_node(i)
+        return self
+
+    def add_node(self, i: int) -> None:
+        home = self.tmp / f"home{i}"
+        home.mkdir(exist_ok=True)
+        self.homes.append(home)
+        self.node_ports.append(0)
+        self.restart_node(i)
+
+    def processes(self) -> list[psutil.Process]:
+        """Every process of this cluster: those naming its temp dir or its port, and their
+        descendants (the agents and workers a raylet starts rename themselves ``ray::...``)."""
+        marks = (str(self.tmp), f":{self.port} ", f":{self.port}")
+        mine: dict[int, psutil.Process] = {}
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                line = " ".join(proc.info["cmdline"] or []) + " "
+                if "ray" in line and any(m in line for m in marks):
+                    mine[proc.pid] = proc
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        for proc in list(mine.values()):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for child in proc.children(recursive=True):
+                    mine[child.pid] = child
+        return list(mine.values())
+
+    def raylet(self, i: int) -> psutil.Process:
+        for proc in self.processes():
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "raylet" in cmd and f"--node_manager_port={self.node_ports[i]}" in cmd:
+                return proc
+        raise LookupError(f"no raylet for node {i}")
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL node ``i``'s raylet, as a host lost would: its workers (the node's actor)
+        notice and exit; its containers run on to their deadlines."""
+        self.last_killed = i
+        raylet = self.raylet(i)
+        children = raylet.children(recursive=True)
+        raylet.send_signal(signal.SIGKILL)
+        psutil.wait_procs([raylet], timeout=10)
+        del children  # left to notice their raylet is gone, as on a real host
+
+    def node_index(self, node_id: str) -> int:
+        """Which of our worker nodes has this Ray node id (by its raylet's port)."""
+        import ray
+
+        for node in ray.nodes():
+            if node["NodeID"] == node_id:
+                return self.node_ports.index(int(node["NodeManagerPort"]))
+        raise LookupError(node_id)
+
+    def restart_node(self, i: int) -> None:
+        """Start worker ``i`` again (a new Ray node, on the same SANDLOOP_HOME)."""
+        port = free_port()
+        self._start(
+            [
+                f"--address={self.address}",
+                f"--node-manager-port={port}",
+                f"--resources={json.dumps({'sandloop': 1})}",
+                "--node-ip-address=127.0.0.1",
+                "--disable-usage-stats",
+                "--num-cpus=1",
+            ],
+            self._env(self.homes[i]),
+        )
+        self.node_ports[i] = port
+
+    def stop(self) -> None:
+        for _ in range(3):
+            procs = self.processes()
+            if not procs:
+                break
+            for proc in procs:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.send_signal(signal.SIGTERM)
+            _, alive = psutil.wait_procs(procs, timeout=10)
+            for proc in alive:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+            time.sleep(0.5)
