@@ -49,6 +49,8 @@ bench: setup
 	.bench/venv/bin/python bench/egress.py
 	.bench/venv/bin/pip install --quiet "e2b-code-interpreter>=2.9,<3"
 	.bench/venv/bin/python bench/e2b_compat.py
+	.bench/venv/bin/pip install --quiet -e ".[ray]" psutil
+	.bench/venv/bin/python bench/ray_scale.py
 
 # Docker beside the direct OCI backend (issue 12's targets), with HumanEval's data from its wheel.
 bench-backends: setup

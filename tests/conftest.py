@@ -110,7 +110,7 @@ def ray_cluster():
     problem, _ = engine_state()
     if problem:
         _missing(problem)
-    from tests.ray_cluster import LocalCluster
+    from sandloop.testing.ray_cluster import LocalCluster
 
     cluster = LocalCluster(workers=2).start()
     try:

@@ -1,4 +1,4 @@
-"""The Ray backend on a real local cluster (a head and two sandbox nodes, tests/ray_cluster.py),
+"""The Ray backend on a real local cluster (a head and two sandbox nodes, sandloop.testing.ray_cluster),
 shared with the contract suite's ``ray`` parameter: runs spread over the nodes, sessions across
 drivers, the HTTP API over the cluster, a node killed mid-run (its runs fail fast, nothing runs
 twice, the live node takes the next), and nothing left behind."""
@@ -70,6 +70,17 @@ def test_cluster_status_lists_the_nodes_and_their_state(root, ray_cluster):
         [sys.executable, "-m", "sandloop", "cluster", "status"], capture_output=True, text=True, env=_env(), timeout=120
     )
     assert local.returncode == 2 and "SANDLOOP_BACKEND=ray" in local.stderr
+    # The front doors take the backend from the environment: one variable and Ray's own address.
+    ran = subprocess.run(
+        [sys.executable, "-m", "sandloop", "run", "--json", "-c", "print(6 * 7)"],
+        capture_output=True,
+        text=True,
+        env={**_env(), "SANDLOOP_BACKEND": "ray", "RAY_ADDRESS": ray_cluster.address},
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    result = json.loads(ran.stdout)
+    assert result["stdout"] == "42\n" and result["host"] in root.backend.node_ids()
 
 
 def test_a_session_made_by_one_driver_is_attached_from_another(root, ray_cluster):
@@ -112,6 +123,66 @@ def test_the_http_api_serves_the_cluster(root, tmp_path):
         assert cell.json()["value"] == "4"
         assert httpx.delete(f"{url}/v1/sessions/{sid}", headers=headers, timeout=120).status_code == 204
         DELETED.append(sid)
+
+
+def test_a_node_without_the_image_says_so_and_a_full_cluster_is_busy(ray_cluster):
+    """Other actors (their own namespace) with other node settings: an image no node has makes
+    every node say so and take no runs (SandboxBusy, not a hang); one run slot per node and a
+    short queue wait make a third concurrent run SandboxBusy after that wait."""
+    from sandloop import Settings
+    from sandloop.contract import SandboxBusy
+
+    missing = Sandloop(
+        Settings(
+            backend={
+                "type": "ray",
+                "address": ray_cluster.address,
+                "node_backend": "docker",
+                "namespace": "sl-noimage",
+            },
+            image="sandloop-runtime:not-built",
+            pool_size=0,
+        )
+    )
+    try:
+        states = missing.backend.status()
+        assert len(states) == 2 and not any(s["has_image"] for s in states)
+        assert all("sandloop images build" in s["problem"] for s in states)
+        started = time.monotonic()
+        with pytest.raises(SandboxBusy, match="no node"):
+            missing.run_code("print(1)")
+        assert time.monotonic() - started < 60
+    finally:
+        missing.backend.shutdown_nodes()
+        missing.close()
+    small = Sandloop(
+        Settings(
+            backend={"type": "ray", "address": ray_cluster.address, "node_backend": "docker", "namespace": "sl-small"},
+            pool_size=0,
+            max_running=1,
+            queue_wait_seconds=2,
+        )
+    )
+    try:
+        outcomes: list[str] = []
+
+        def one() -> None:
+            try:
+                outcomes.append(small.run_code("import time; time.sleep(6)").stdout or "ran")
+            except SandboxBusy as exc:
+                outcomes.append(f"busy: {exc}")
+
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        for t in threads:
+            t.start()
+            time.sleep(0.5)
+        for t in threads:
+            t.join(60)
+        busy = [o for o in outcomes if o.startswith("busy")]
+        assert len(outcomes) == 3 and len(busy) == 1 and "every node of the cluster is full" in busy[0], outcomes
+    finally:
+        small.backend.shutdown_nodes()
+        small.close()
 
 
 def _run_starts(since: float) -> int:

@@ -1,4 +1,4 @@
-"""A real local Ray cluster for the tests: a head (no sandloop resource) and sandbox nodes (each
+"""A real local Ray cluster for tests and benchmarks: a head (no sandloop resource) and sandbox nodes (each
 with ``{"sandloop": 1}`` and a SANDLOOP_HOME of its own), on loopback, on ports and a temp dir of
 its own. Stopped by the pids it started (every process whose command line names its temp dir),
 never by ``ray stop``, which would stop every cluster on the machine."""
@@ -15,11 +15,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
-from tests.servers import free_port
+import psutil  # the dev extras have it (not a dependency of sandloop itself)
 
 RAY = str(Path(sys.executable).parent / "ray")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class LocalCluster:
@@ -101,7 +107,7 @@ class LocalCluster:
         """Which of our worker nodes has this Ray node id (by its raylet's port)."""
         import ray
 
-        for node in ray.nodes():
+        for node in ray.nodes():  # type: ignore[no-untyped-call]
             if node["NodeID"] == node_id:
                 return self.node_ports.index(int(node["NodeManagerPort"]))
         raise LookupError(node_id)

@@ -1,0 +1,100 @@
+"""The Ray backend beside the local one, in one run on one host:
+
+1. ``print(1)`` through a 2-node local cluster vs the local backend, both warm (a pool of 2 per
+   node, and locally), interleaved: the overhead Ray adds (target <= 5 ms at p50);
+2. 200 runs of ``print(1)`` on 16 threads through the cluster vs locally.
+
+On one host both nodes share one engine and two cores, so (2) can show no gain here; the per-node
+figures say what N real hosts would do (each node's throughput adds up).
+
+    make bench             # runs this after the others
+    python bench/ray_scale.py --runs 30 --out docs/benchmarks.md   # appends its table
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sandloop import Sandloop, Settings
+from sandloop.testing.ray_cluster import LocalCluster
+
+
+def p50(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def burst(root: Sandloop, n: int, threads: int) -> tuple[float, list[str | None]]:
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        results = list(pool.map(lambda i: root.run_code(f"print({i})"), range(n)))
+    seconds = time.perf_counter() - started
+    assert all(r.ok and r.stdout == f"{i}\n" for i, r in enumerate(results))
+    return n / seconds, [r.host for r in results]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--burst", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+
+    started = time.perf_counter()
+    cluster = LocalCluster(workers=2).start()
+    up = time.perf_counter() - started
+    local = Sandloop(Settings(pool_size=2))
+    remote = Sandloop(Settings(backend={"type": "ray", "address": cluster.address}, pool_size=2))
+    seconds: dict[str, list[float]] = {"local": [], "ray": []}
+    try:
+        for root in (local, remote):  # warm: pools filled, actors started, connections open
+            for _ in range(4):
+                assert root.run_code("print(1)").ok
+        for i in range(args.runs):
+            pair = [("local", local), ("ray", remote)]
+            for name, root in pair if i % 2 else pair[::-1]:
+                time.sleep(0.3)  # pools refilled: a warm hit each time
+                t = time.perf_counter()
+                r = root.run_code("print(1)")
+                seconds[name].append(time.perf_counter() - t)
+                assert r.ok and r.stdout == "1\n"
+        local_rate, _ = burst(local, args.burst, args.threads)
+        ray_rate, hosts = burst(remote, args.burst, args.threads)
+        per_node = {h: hosts.count(h) for h in set(hosts)}
+    finally:
+        remote.backend.shutdown_nodes()  # type: ignore[attr-defined]
+        remote.close()
+        local.close()
+        cluster.stop()
+
+    overhead = (p50(seconds["ray"]) - p50(seconds["local"])) * 1000
+    split = " / ".join(str(n) for n in sorted(per_node.values(), reverse=True))
+    table = "\n".join(
+        [
+            f"### Ray backend beside the local one ({args.runs} runs each, interleaved; one host, 2 cores; "
+            f"{time.strftime('%Y-%m-%d')})",
+            "",
+            f"A head and two sandbox nodes started in {up:.0f} s; both nodes run the direct OCI backend with a pool "
+            "of 2, as the local root does.",
+            "",
+            "| measure | through the cluster | local | difference | target |",
+            "|---|---:|---:|---:|---:|",
+            f"| warm `print(1)`, p50 | {p50(seconds['ray']) * 1000:.1f} ms | {p50(seconds['local']) * 1000:.1f} ms "
+            f"| {overhead:+.1f} ms | <= 5 ms |",
+            f"| {args.burst} runs on {args.threads} threads | {ray_rate:.1f} runs/s (split {split}) "
+            f"| {local_rate:.1f} runs/s | {ray_rate / local_rate:.2f}x | (no gain on one host) |",
+            "",
+        ]
+    )
+    print(table)
+    if args.out:
+        with args.out.open("a") as f:
+            f.write("\n" + table)
+
+
+if __name__ == "__main__":
+    main()
