@@ -119,9 +119,10 @@ def ray_cluster():
         import ray
 
         if ray.is_initialized():
-            from sandloop.runtime.ray import RayBackend
+            from sandloop import Sandloop
 
-            RayBackend(cluster.address).shutdown_nodes()
+            with Sandloop(ray_settings(cluster)) as sl:
+                sl.backend.shutdown_nodes()  # type: ignore[attr-defined]
             ray.shutdown()
         cluster.stop()
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sandloop.contract import ExecutionResult, SandboxLimits
 from sandloop.contract.egress import Secret
@@ -55,7 +55,7 @@ class ReapReport:
 class Sandloop:
     def __init__(self, settings: Settings | None = None, *, backend: FullBackend | None = None) -> None:
         self.settings = settings or Settings()
-        self.backend: FullBackend = backend or self.settings.build_backend()
+        self.backend: FullBackend = backend or self.settings.build_backend(node_root)
         self.dispatcher = Dispatcher(self.backend, self.settings)
         self.sessions = SessionStore(self.backend, self.settings.home)
         #: The runtime image sandboxes start from.
@@ -127,6 +127,12 @@ class Sandloop:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def node_root(overrides: dict[str, Any]) -> Sandloop:
+    """What a cluster node runs its sandboxes with (the Ray backend's actor on each node): a local
+    ``Sandloop`` from the node's own ``SANDLOOP_*`` environment and the driver's ``overrides``."""
+    return Sandloop(Settings(**overrides))
 
 
 # -- the process-wide default, built on first use (``sandloop.run_code``, ``Session()``) ----------

@@ -10,12 +10,14 @@ host passes the parity check, everything else through Docker), ``docker`` (Docke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sandloop.contract import InvalidArgument
 from sandloop.images.recipe_hash import default_runtime_image
 from sandloop.paths import default_home
 
@@ -94,10 +96,13 @@ class RayConfig(BaseModel):
     namespace: str = Field("sandloop", description="Ray namespace of sandloop's named actors.")
     node_backend: Literal["oci", "docker"] = Field("oci", description="The backend each node runs its sandboxes on.")
 
-    def build(self, settings: Settings) -> FullBackend:
+    def build(self, settings: Settings, node_root: Callable[[dict[str, Any]], Any] | None = None) -> FullBackend:
         from sandloop.runtime.ray import RayBackend
 
+        if node_root is None:
+            raise InvalidArgument("the Ray backend is built by the composition root: use Sandloop(settings)")
         node: dict[str, Any] = {
+            "image": settings.runtime_image(),
             "backend": self.node_backend,
             "pool_size": settings.pool_size,
             "max_running": settings.max_running,
@@ -105,10 +110,12 @@ class RayConfig(BaseModel):
             "queue_wait_seconds": min(settings.queue_wait_seconds, 0.5),  # the driver waits across nodes
             "engine_timeout": settings.engine_timeout,
         }
-        if settings.image:
-            node["image"] = settings.image
         return RayBackend(
-            self.address, namespace=self.namespace, node_settings=node, queue_wait_seconds=settings.queue_wait_seconds
+            self.address,
+            namespace=self.namespace,
+            node_settings=node,
+            node_root=node_root,
+            queue_wait_seconds=settings.queue_wait_seconds,
         )
 
 
@@ -161,7 +168,11 @@ class Settings(BaseSettings):
     def _backend_by_name(cls, value: Any) -> Any:
         return {"type": value} if isinstance(value, str) and not value.lstrip().startswith("{") else value
 
-    def build_backend(self) -> FullBackend:
+    def build_backend(self, node_root: Callable[[dict[str, Any]], Any] | None = None) -> FullBackend:
+        """The configured backend. ``node_root`` (from the composition root) builds a cluster
+        node's local root: only the Ray backend uses it."""
+        if isinstance(self.backend, RayConfig):
+            return self.backend.build(self, node_root)
         return self.backend.build(self)
 
     def runtime_image(self) -> str:

@@ -51,10 +51,11 @@ class Under:
 def under(request: pytest.FixtureRequest, tmp_path):
     name = request.param
     if name.startswith("ray-"):
+        from sandloop.root import node_root
         from sandloop.settings import runtime_image
         from tests.conftest import ray_settings
 
-        backend = ray_settings(request.getfixturevalue("ray_cluster")).build_backend()
+        backend = ray_settings(request.getfixturevalue("ray_cluster")).build_backend(node_root)
         yield Under(backend, "runc", runtime_image())
         backend.close()
         return

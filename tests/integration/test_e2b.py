@@ -94,6 +94,21 @@ def test_lifecycle_create_info_list_timeout_kill(server):
     assert s.sandbox_id not in {r.id for r in _root_sessions()}
 
 
+def test_create_envs_metadata_and_list_paging(server):
+    made = [PlainSandbox.create(timeout=120, metadata={"batch": "paging"}, envs={"COLOR": "green"}) for _ in range(3)]
+    try:
+        assert made[0].commands.run("echo $COLOR").stdout == "green\n"  # the sandbox's envs, for commands
+        pages = PlainSandbox.list(query=e2b.SandboxQuery(metadata={"batch": "paging"}), limit=2)
+        first = pages.next_items()
+        assert len(first) == 2 and pages.has_next
+        second = pages.next_items()
+        assert len(second) == 1 and not pages.has_next
+        assert {i.sandbox_id for i in first + second} == {s.sandbox_id for s in made}
+    finally:
+        for s in made:
+            s.kill()
+
+
 def test_a_sandbox_ends_at_its_timeout(server):
     s = PlainSandbox.create(timeout=2)
     sid = s.sandbox_id

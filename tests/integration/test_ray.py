@@ -275,26 +275,35 @@ def _leftover_runs(since: float) -> list[str]:
     """Run containers (running or not) made since ``since``: a finished run's is removed at once."""
     client = docker.from_env()
     try:
-        found = client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}purpose=run"})
-        return [c.id for c in found if float(c.labels.get(f"{LABEL_PREFIX}created", "0")) >= since - 1]
+        # sparse: one listing, no inspect per container (one removed meanwhile would be a 404)
+        found = client.containers.list(all=True, sparse=True, filters={"label": f"{LABEL_PREFIX}purpose=run"})
+        created = f"{LABEL_PREFIX}created"
+        return [c.id for c in found if float((c.attrs.get("Labels") or {}).get(created, "0")) >= since - 1]
     finally:
         client.close()
 
 
-def test_nothing_is_left_when_the_nodes_stop(root):
+def test_nothing_is_left_when_the_nodes_stop(root, ray_cluster):
     """Last here: the node actors stopped the clean way (as before taking a cluster down) leave no
-    container or workspace behind; the next driver would start them again."""
+    container or workspace behind; then the cluster stops (nothing later needs it: the rest of
+    the suite runs without its processes)."""
     pids = {s["pid"] for s in root.backend.status()}
     assert root.backend.shutdown_nodes() == 2
     client = docker.from_env()
     try:
+        owner = f"{LABEL_PREFIX}owner"
         left = [
-            c.name
-            for c in client.containers.list(all=True, filters={"label": f"{LABEL_PREFIX}owner"})
-            if any(f":{pid}:" in c.labels.get(f"{LABEL_PREFIX}owner", "") for pid in pids)
+            c.id
+            for c in client.containers.list(all=True, sparse=True, filters={"label": owner})
+            if any(f":{pid}:" in (c.attrs.get("Labels") or {}).get(owner, "") for pid in pids)
         ]
         volumes = client.volumes.list(filters={"label": f"{LABEL_PREFIX}session"})
     finally:
         client.close()
+    import ray
+
+    ray.shutdown()
+    ray_cluster.stop()
+    assert not ray_cluster.processes()
     assert left == []
     assert DELETED and not [v.name for v in volumes if (v.attrs.get("Labels") or {}).get(SESSION_LABEL) in DELETED]

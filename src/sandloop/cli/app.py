@@ -24,8 +24,14 @@ __all__ = ["app", "main"]
 def main() -> None:
     from pydantic import ValidationError
 
+    from sandloop.cli.common import EXIT_SANDBOX
+    from sandloop.contract import SandboxError
+
     try:
         app()
+    except SandboxError as exc:  # e.g. the backend cannot start (no engine, no cluster): no traceback
+        print(f"sandloop: {exc}", file=sys.stderr)
+        sys.exit(EXIT_SANDBOX)
     except ValidationError as exc:  # SANDLOOP_* read by Settings: say which and what is allowed
         problems = "; ".join(
             f"SANDLOOP_{'_'.join(str(p) for p in e['loc'][:1]).upper()}: {e['msg']}" for e in exc.errors()

@@ -223,6 +223,8 @@ class Dispatcher:
         for pool in pools:
             pool.close()
         self._destroyer.shutdown(wait=True)
+        if getattr(self.backend, "dispatches_runs", False):
+            return  # its nodes keep their own pools and reapers, shared with other drivers
         deadline = time.monotonic() + 10  # an overloaded engine; the reaper has the rest
         while self.backend.retry_removals() and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +29,7 @@ from typing import Any
 
 from sandloop.contract import (
     CellResult,
+    EngineUnavailable,
     ExecutionResult,
     NodeLost,
     SandboxBusy,
@@ -87,15 +89,30 @@ class RayBackend:
         address: str | None = None,
         *,
         namespace: str = NAMESPACE,
-        node_settings: dict[str, Any] | None = None,
+        node_settings: dict[str, Any],
+        node_root: Callable[[dict[str, Any]], Any],
         queue_wait_seconds: float = 30.0,
     ) -> None:
+        """``node_settings`` configure each node's actor (``image`` among them); ``node_root``
+        builds, on the node, what runs its sandboxes from them (the composition root passes
+        ``sandloop.root.node_root``: a local ``Sandloop``)."""
         ray = _ray()
         self.ray = ray
         if not ray.is_initialized():
-            ray.init(address=address or "auto", namespace=namespace, log_to_driver=False, logging_level=logging.WARNING)
+            _reachable(address or os.environ.get("RAY_ADDRESS", ""))
+            try:
+                ray.init(
+                    address=address or "auto", namespace=namespace, log_to_driver=False, logging_level=logging.WARNING
+                )
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = address or os.environ.get("RAY_ADDRESS") or "auto (none running here)"
+                raise EngineUnavailable(
+                    f"no Ray cluster at {where}: start one (`ray start --head`, and `ray start --address=HEAD:6379 "
+                    f"--resources='{{\"sandloop\": 1}}'` on each sandbox node) or set RAY_ADDRESS ({exc})"
+                ) from None
         self.namespace = namespace
-        self.node_settings = dict(node_settings or {})
+        self.node_settings = dict(node_settings)
+        self.node_root = node_root
         self.queue_wait_seconds = queue_wait_seconds
         self._actors: dict[str, Any] = {}
         self._inflight: collections.Counter[str] = collections.Counter()
@@ -121,6 +138,8 @@ class RayBackend:
     # -- nodes ------------------------------------------------------------------------------------
     def node_ids(self) -> list[str]:
         """Live nodes that offer sandboxes (the ``sandloop`` resource)."""
+        if not self.ray.is_initialized():
+            return []  # this process left the cluster (ray.shutdown)
         return sorted(
             n["NodeID"] for n in self.ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(RESOURCE, 0) > 0
         )
@@ -146,7 +165,7 @@ class RayBackend:
                 resources={RESOURCE: 0.001},
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             )
-            .remote(node_id, self.node_settings, self.namespace)
+            .remote(node_id, self.node_settings, self.namespace, self.node_root)
         )
         with self._lock:
             actor = self._actors.setdefault(node_id, actor)
@@ -200,7 +219,7 @@ class RayBackend:
             nodes = list(self._usable_nodes)
         if not fresh:
             nodes = []
-            image = self.node_settings.get("image") or _image()
+            image = self.node_settings["image"]
             for node_id in self.node_ids():
                 try:
                     if self._call(node_id, "has_image", image, timeout=QUICK):
@@ -239,10 +258,7 @@ class RayBackend:
                 finally:
                     with self._lock:
                         self._inflight[node_id] -= 1
-                if request.on_output is not None:  # no stream crosses the cluster: all of it, at the end
-                    for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
-                        if text:
-                            request.on_output(name, text.encode())
+                _replay(request.on_output, result)
                 return result
             if time.monotonic() >= deadline:
                 raise SandboxBusy(f"every node of the cluster is full (waited {self.queue_wait_seconds:g} s)")
@@ -266,10 +282,7 @@ class RayBackend:
             strip_for_the_wire(request),
             timeout=request.timeout_seconds + MARGIN,
         )
-        if request.on_output is not None:
-            for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
-                if text:
-                    request.on_output(name, text.encode())
+        _replay(request.on_output, result)
         return result
 
     def run_cell(
@@ -295,10 +308,7 @@ class RayBackend:
             dict(secrets) if secrets else None,
             timeout=interrupt_after + grace + MARGIN,
         )
-        if on_output is not None:
-            for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
-                if text:
-                    on_output(name, text.encode())
+        _replay(on_output, result)
         return result
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> RaySandbox | None:
@@ -440,7 +450,25 @@ class RayBackend:
         return sum(int(n) for n in self._each("sweep_orphans", min_age))
 
 
-def _image() -> str:
-    from sandloop.settings import runtime_image
+def _reachable(address: str) -> None:
+    """Refuse at once (not after Ray's minutes of retries) a cluster address nothing listens on."""
+    import socket
 
-    return runtime_image()
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", a ray:// client address: Ray's own lookup answers quickly
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+    except OSError as exc:
+        raise EngineUnavailable(
+            f"no Ray cluster at {address} ({exc.strerror or exc}): start its head (`ray start --head --port={port}`) "
+            "or fix RAY_ADDRESS"
+        ) from None
+
+
+def _replay(on_output: Callable[[str, bytes], None] | None, result: ExecutionResult) -> None:
+    """No stream crosses the cluster: a caller that wanted output as it came gets all of it now."""
+    if on_output is not None:
+        for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+            if text:
+                on_output(name, text.encode())

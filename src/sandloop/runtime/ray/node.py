@@ -15,26 +15,46 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, SandboxLimits
 from sandloop.contract.egress import Secret
-from sandloop.runtime.base import Owned, RunRequest, SandboxSpec, WorkspaceRef
+from sandloop.runtime.base import FullBackend, Owned, RunRequest, SandboxSpec, WorkspaceRef
+
+
+class _Dispatch(Protocol):
+    def run(self, request: RunRequest) -> ExecutionResult: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class LocalRoot(Protocol):
+    """What a node runs its sandboxes with (``sandloop.Sandloop``, built by ``node_root``)."""
+
+    settings: Any
+    backend: FullBackend
+    dispatcher: _Dispatch
+    image: str
+
+    def reap(self) -> Any: ...
+
+    def close(self) -> None: ...
 
 
 class NodeService:
     """One node's sandboxes. Handles of launched sandboxes stay here, keyed by their id; drivers
     hold only ids."""
 
-    def __init__(self, node_id: str, overrides: dict[str, Any], namespace: str = "sandloop") -> None:
-        from sandloop.root import Sandloop
-        from sandloop.settings import Settings
-
+    def __init__(
+        self, node_id: str, overrides: dict[str, Any], namespace: str, node_root: Callable[[dict[str, Any]], LocalRoot]
+    ) -> None:
         self.node_id = node_id
         self.namespace = namespace
-        self.settings = Settings(**overrides)
-        self.root = Sandloop(self.settings)
+        #: A local ``Sandloop`` (built by the composition root's ``node_root``): backend, dispatcher.
+        self.root: LocalRoot = node_root(overrides)
+        self.settings = self.root.settings
         self._handles: dict[str, Any] = {}
         self._kernel_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()

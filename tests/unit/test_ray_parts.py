@@ -1,0 +1,39 @@
+"""The Ray backend's parts that need no cluster: a missing cluster is a clear error at once (not
+Ray's minutes of retries), from code and from the CLI; the backend is built only by the root."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sandloop import Settings
+from sandloop.contract import EngineUnavailable, InvalidArgument
+
+pytest.importorskip("ray")
+
+
+def test_an_address_nothing_listens_on_is_refused_at_once():
+    from sandloop.runtime.ray.backend import _reachable
+
+    started = time.monotonic()
+    with pytest.raises(EngineUnavailable, match="no Ray cluster at 127.0.0.1:1"):
+        _reachable("127.0.0.1:1")
+    assert time.monotonic() - started < 5
+    _reachable("auto")  # left to Ray's own quick lookup
+
+
+def test_the_ray_backend_is_built_by_the_composition_root():
+    with pytest.raises(InvalidArgument, match="composition root"):
+        Settings(backend="ray").build_backend()
+
+
+def test_the_cli_says_what_to_do_without_a_traceback():
+    env = {**os.environ, "SANDLOOP_BACKEND": "ray", "RAY_ADDRESS": "127.0.0.1:1"}
+    command = [sys.executable, "-m", "sandloop", "run", "-c", "print(1)"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 125 and "Traceback" not in done.stderr
+    assert "no Ray cluster at 127.0.0.1:1" in done.stderr and "ray start --head" in done.stderr
