@@ -131,6 +131,22 @@ def test_run_code_state_logs_results_and_errors(sbx):
     assert sbx.run_code("x").text == "41"  # the error kept the state
 
 
+def test_another_clients_cells_never_leak_into_run_code(server, sbx):
+    """The same sandbox is a session the native API (and the CLI) can use too: their cells'
+    output must not show up in the next run_code (the server holds no idle stream to the
+    interpreter between calls)."""
+    sbx.run_code("1")
+    native = httpx.post(
+        f"{server['url']}/v1/sessions/{sbx.sandbox_id}/cells",
+        json={"code": "print('native-output')"},
+        headers={"Authorization": f"Bearer {server['alice']}"},
+        timeout=60,
+    )
+    assert native.status_code == 200 and native.json()["stdout"] == "native-output\n"
+    ex = sbx.run_code("print('e2b')")
+    assert ex.logs.stdout == ["e2b\n"] and ex.logs.stderr == [] and ex.error is None
+
+
 def test_run_code_streams_while_it_runs(sbx):
     seen = []
     started = time.monotonic()

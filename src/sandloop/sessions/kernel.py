@@ -71,7 +71,10 @@ class Kernel:
         secrets: Mapping[str, Secret] | None = None,
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
+        detach: bool = False,
     ) -> CellResult:
+        """``detach``: let go of the interpreter's stream after the cell (under the same lock), so
+        no idle connection of this process receives another process's cells meanwhile."""
         with self._locked():
             sandbox = self._connect()
             result = self.backend.run_cell(
@@ -86,6 +89,8 @@ class Kernel:
             )
             if result.interpreter_restarted:
                 self._drop(remove=True)
+            elif detach:
+                self._drop(remove=False)
             return result
 
     def close(self) -> None:

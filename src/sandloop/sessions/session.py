@@ -224,12 +224,15 @@ class Session:
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
         output_limit: int | None = None,
+        detach: bool = False,
     ) -> CellResult:
         """Run a cell in the session's Python interpreter: globals persist between cells.
         ``secrets`` as for ``run_code``: their placeholders stay set in the interpreter.
         ``on_output("stdout" | "stderr", data)`` sees output as it arrives; setting ``cancel``
         interrupts the cell (as its timeout would); ``output_limit`` replaces the session's
-        (bytes of stdout and of stderr kept)."""
+        (bytes of stdout and of stderr kept); ``detach`` lets go of the interpreter's stream after
+        the cell (a long-lived holder of this Session, like a server, should: an idle stream would
+        also receive other processes' cells)."""
         self._live()
         if not isinstance(code, str):
             raise InvalidArgument("a cell must be a string of Python")
@@ -240,7 +243,7 @@ class Session:
                 limits = SandboxLimits(**{**limits.model_dump(), "output_limit": output_limit})
             except SandboxError as exc:
                 raise InvalidArgument(str(exc)) from None
-        return self._kernel.run(code, check_timeout(timeout_seconds), limits, checked, on_output, cancel)
+        return self._kernel.run(code, check_timeout(timeout_seconds), limits, checked, on_output, cancel, detach)
 
     # -- files ----------------------------------------------------------------------------------
     def _files(self, op: str, args: dict[str, Any], data: bytes = b"", output: int = 1024 * 1024) -> dict[str, Any]:

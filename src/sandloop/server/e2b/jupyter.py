@@ -85,15 +85,15 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
                 with e2b.api.rates.use(token):
                     session = e2b.session(box.sandbox_id)
                     if envs:  # set for this execution and restored after it, as E2B's envs are
-                        session.run_cell(_SET_ENVS % json.dumps(json.dumps(envs)), 10)
+                        session.run_cell(_SET_ENVS % json.dumps(json.dumps(envs)), 10, detach=True)
                     try:
                         result = session.run_cell(
-                            code, timeout, on_output=emit, cancel=cancel, output_limit=CODE_OUTPUT
+                            code, timeout, on_output=emit, cancel=cancel, output_limit=CODE_OUTPUT, detach=True
                         )
                     finally:
                         flush()
                         if envs:
-                            session.run_cell(_RESTORE_ENVS, 10)
+                            session.run_cell(_RESTORE_ENVS, 10, detach=True)
                 outcome = "timeout" if result.timed_out else "ok" if result.ok else "error"
                 e2b.api.metrics.run(outcome, result.duration_seconds)
                 for a in result.artifacts:

@@ -298,7 +298,7 @@ class E2B:
         encoded = json.dumps(args)
         namespace = f"{{'__name__': '_sandloop_procs_cell', 'ARGS': __import__('json').loads({encoded!r})}}"
         cell = f"exec({_PROCS!r}, {namespace})"
-        result = self.session(sandbox_id).run_cell(cell, timeout, output_limit=PROCS_OUTPUT)
+        result = self.session(sandbox_id).run_cell(cell, timeout, output_limit=PROCS_OUTPUT, detach=True)
         at = result.stdout.rfind(_MARK)
         if at < 0:
             detail = (result.stderr or result.stdout)[-300:]
