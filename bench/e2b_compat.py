@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from _report import emit  # bench/ is the script's directory
 
 
 def p50(xs: list[float]) -> float:
@@ -114,17 +115,14 @@ def main() -> None:
             "",
             "| measure, p50 | through E2B's SDK | sandloop's native HTTP API | ratio | target |",
             "|---|---:|---:|---:|---:|",
-            f"| create + `run_code(\"1\")` + kill | {ms['sdk cycle']:.1f} ms | {ms['native cycle']:.1f} ms "
+            f'| create + `run_code("1")` + kill | {ms["sdk cycle"]:.1f} ms | {ms["native cycle"]:.1f} ms '
             f"(session + cell + delete) | {cycle_ratio:.2f}x | |",
-            f"| warm `run_code(\"1\")` | {ms['sdk warm']:.1f} ms | {ms['native warm']:.1f} ms (session cell) "
+            f'| warm `run_code("1")` | {ms["sdk warm"]:.1f} ms | {ms["native warm"]:.1f} ms (session cell) '
             f"| {warm_ratio:.2f}x | <= 2x |",
             "",
         ]
     )
-    print(table)
-    if args.out:
-        with args.out.open("a") as f:
-            f.write("\n" + table)
+    emit(table, args.out)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import docker
 import trustme
+from _report import emit  # bench/ is the script's directory
 
 from sandloop import SandboxLimits, Sandloop, Settings
 
@@ -123,10 +124,7 @@ def main() -> None:
             "",
         ]
     )
-    print(table)
-    if args.out:
-        with args.out.open("a") as f:
-            f.write("\n" + table)
+    emit(table, args.out)
 
 
 if __name__ == "__main__":

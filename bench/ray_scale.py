@@ -19,6 +19,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from _report import emit  # bench/ is the script's directory
+
 from sandloop import Sandloop, Settings
 from sandloop.testing.ray_cluster import LocalCluster
 
@@ -90,10 +92,7 @@ def main() -> None:
             "",
         ]
     )
-    print(table)
-    if args.out:
-        with args.out.open("a") as f:
-            f.write("\n" + table)
+    emit(table, args.out)
 
 
 if __name__ == "__main__":

@@ -253,9 +253,6 @@ class Registry:
     def remove(self, session_id: str) -> None:
         self._where.pop(session_id, None)
 
-    def all(self) -> dict[str, str]:
-        return dict(self._where)
-
     def drop(self, session_id: str) -> None:
         self._where.pop(session_id, None)
         self._dropped.add(session_id)

@@ -76,15 +76,7 @@ def sandbox_app(e2b: E2B) -> ASGIApp:
 
     async def sandbox_of(request: Request) -> tuple[Any, Any]:
         (sandbox_id,) = request.scope["state"]["token"]
-
-        def find() -> tuple[Any, Any]:
-            box = e2b.live(e2b.registry.get(sandbox_id), sandbox_id)
-            token = e2b.api.tokens.get(box.token_id)
-            if token is None:
-                raise E2BError(401, "the key that made this sandbox was revoked")
-            return box, token
-
-        return await run_in_threadpool(find)
+        return await run_in_threadpool(e2b.for_traffic, sandbox_id)
 
     health = APIRouter()
 

@@ -76,7 +76,7 @@ def _strings(value: Any, name: str) -> dict[str, str]:
 
 def control_routes(e2b: E2B) -> APIRouter:
     router = APIRouter(include_in_schema=False)
-    api = e2b.api
+    api, api_registry = e2b.api, e2b.registry
 
     def sandbox_json(box: Any, *, tokens: bool = True, detail: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -101,8 +101,6 @@ def control_routes(e2b: E2B) -> APIRouter:
                 metadata=box.metadata,
             )
         return out
-
-    api_registry = e2b.registry
 
     def create(token: Any, body: dict[str, Any], v1: bool) -> dict[str, Any]:
         template = body.get("templateID") or "base"

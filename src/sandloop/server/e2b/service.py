@@ -268,20 +268,14 @@ class E2B:
             box = None
         return self.live(box, sandbox_id)
 
-    def by_access(self, sandbox_id: str, envd_token: str | None, traffic_token: str | None) -> tuple[E2BSandbox, Token]:
-        """The sandbox an envd or Jupyter call names, if its access tokens are right, and the
-        key it counts against."""
-        if not sandbox_id:
-            raise E2BError(400, "send the E2b-Sandbox-Id header")
-        box = self.registry.get(sandbox_id)
-        if box is None or not self.registry.check_access(sandbox_id, envd_token, traffic_token):
-            if not envd_token and not traffic_token:
-                raise E2BError(401, "send the sandbox's access token (X-Access-Token)")
-            raise E2BError(401, f"wrong access token for sandbox {sandbox_id}")
+    def for_traffic(self, sandbox_id: str) -> tuple[E2BSandbox, Token]:
+        """The sandbox an envd or Jupyter call names (``RequestGuard`` checked its access token
+        from the headers), and the key it counts against."""
+        box = self.live(self.registry.get(sandbox_id), sandbox_id)
         token = self.api.tokens.get(box.token_id)
         if token is None:
             raise E2BError(401, "the key that made this sandbox was revoked")
-        return self.live(box, sandbox_id), token
+        return box, token
 
     def set_timeout(self, box: E2BSandbox, seconds: float) -> None:
         s = self.session(box.sandbox_id)
