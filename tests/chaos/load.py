@@ -17,7 +17,9 @@ RUN_TIMEOUT = 10.0
 
 
 class Load:
-    """Runs on ``workers`` threads and session cells on one, recording every outcome."""
+    """Runs on ``workers`` threads and session cells on one, recording every outcome. An exception
+    other than ``SandboxError`` is recorded as an unsound outcome (the test names it) and the load
+    goes on, so the sessions are still deleted at the end."""
 
     def __init__(self, root: Sandloop, workers: int = 4, bound: float = 120.0) -> None:
         self.root = root
@@ -45,6 +47,10 @@ class Load:
                 self.record("run", type(exc).__name__, started, True)
                 time.sleep(0.1)
                 continue
+            except Exception as exc:  # noqa: BLE001 - anything else is a bug: recorded as unsound, load goes on
+                self.record("run", f"raised {exc!r}", started, False)
+                time.sleep(0.1)
+                continue
             right = r.ok and r.stdout == f"{n * n}\n"
             self.record("run", "ok" if right else "failed run", started, right or not r.ok)
 
@@ -64,6 +70,9 @@ class Load:
                 self.record("cell", "ok" if right else "failed cell", started, right or not c.ok)
             except SandboxError as exc:
                 self.record("cell", type(exc).__name__, started, True)
+                time.sleep(0.2)
+            except Exception as exc:  # noqa: BLE001 - a bug (seen: a BrokenPipeError): recorded, cleanup still runs
+                self.record("cell", f"raised {exc!r}", started, False)
                 time.sleep(0.2)
         if session is not None:
             for _ in range(30):  # the engine may still be coming back

@@ -96,6 +96,37 @@ def test_cell_oom_restarts_the_interpreter_and_says_so(runtime):
         assert after.value == "False" and not after.interpreter_restarted  # a fresh interpreter
 
 
+def test_a_cell_the_stream_cannot_carry_replaces_the_interpreter(session):
+    """The engine dying between cells breaks the interpreter's stream at send (chaos suite: a raw
+    BrokenPipeError escaped and the caller lost the session). Part of the cell may have arrived,
+    which would garble the next one, so the interpreter is replaced and the result says so."""
+    session.run_cell("kept = 1")
+    broken = session._kernel._sandbox
+
+    class SendFails:  # the connection still reads as open, but a send breaks (as when the engine died)
+        def __init__(self, sock):
+            self.sock = sock
+
+        def sendall(self, data):
+            self.sock.sendall(data[: len(data) // 2])  # half a cell got through
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def __getattr__(self, name):
+            return getattr(self.sock, name)
+
+    broken.channel.sock = SendFails(broken.channel.sock)
+    r = session.run_cell("kept + 1")
+    assert r.interpreter_restarted and not r.ok and r.value is None
+    after = session.run_cell("'kept' in globals()")
+    assert after.value == "False" and not after.interpreter_restarted  # a fresh interpreter
+    client = docker.from_env()
+    try:
+        kernels = client.containers.list(all=True, filters={"label": f"sandloop.session={session.id}"})
+        assert broken.id not in [c.id for c in kernels]
+    finally:
+        client.close()
+
+
 def test_run_timeout_kills_the_run_not_the_session(session):
     session.write_file("f", "still here")
     r = session.run("import time; time.sleep(30)", timeout_seconds=1)

@@ -327,15 +327,24 @@ class DockerBackend:
         env, ca_pem = self._arm(kernel, secrets)
         seen_before = self.egress.attempt_count(kernel.egress) if kernel.egress else 0
         collector = kernel.collector = protocol.cell_collector(kernel.collector, limits.output_limit, nonce, on_output)
-        kernel.sock.sendall(protocol.encode_cell(code, nonce, env=env, ca_pem=ca_pem))
-        timed_out, gone = protocol.await_cell(
-            kernel.channel,
-            collector,
-            interrupt_after=interrupt_after,
-            grace=grace,
-            interrupt=lambda: self.api.kill(kernel.id, signal="SIGINT"),
-            cancel=cancel,
-        )
+        try:
+            kernel.sock.sendall(protocol.encode_cell(code, nonce, env=env, ca_pem=ca_pem))
+        except OSError as exc:
+            # The stream broke under us (the engine died or restarted). Part of the cell may have
+            # reached the interpreter, which would then read the next cell as the rest of this
+            # one: it cannot be trusted again, so the result says it is replaced (seen in the
+            # chaos suite: a raw BrokenPipeError escaped here and the caller lost the session).
+            log.warning("session interpreter %s: the cell could not be sent (%s): replacing it", kernel.id[:12], exc)
+            timed_out, gone = False, True
+        else:
+            timed_out, gone = protocol.await_cell(
+                kernel.channel,
+                collector,
+                interrupt_after=interrupt_after,
+                grace=grace,
+                interrupt=lambda: self.api.kill(kernel.id, signal="SIGINT"),
+                cancel=cancel,
+            )
         oom = False
         if gone and not timed_out:
             with contextlib.suppress(Exception):
@@ -372,6 +381,8 @@ class DockerBackend:
                     "status": "running",
                 }
             )
+            with self._graveyard_lock:  # one condemned while the engine was away is not reused
+                found = [c for c in found if c["Id"] not in self._graveyard]
             if not found:
                 return None
             attached = self.api.attach_socket(
