@@ -2,9 +2,11 @@
 
 1. ``print(1)`` through a 2-node local cluster vs the local backend, both warm (a pool of 2 per
    node, and locally), interleaved: the overhead Ray adds (target <= 5 ms at p50);
-2. 200 runs of ``print(1)`` on 16 threads through the cluster vs locally.
+2. the same through the cluster with its output streamed (``on_output``: a Ray streaming
+   generator instead of one plain call) -- what streaming costs;
+3. 200 runs of ``print(1)`` on 16 threads through the cluster vs locally.
 
-On one host both nodes share one engine and two cores, so (2) can show no gain here; the per-node
+On one host both nodes share one engine and two cores, so (3) can show no gain here; the per-node
 figures say what N real hosts would do (each node's throughput adds up).
 
     make bench             # runs this after the others
@@ -51,19 +53,22 @@ def main() -> None:
     up = time.perf_counter() - started
     local = Sandloop(Settings(pool_size=2))
     remote = Sandloop(Settings(backend={"type": "ray", "address": cluster.address}, pool_size=2))
-    seconds: dict[str, list[float]] = {"local": [], "ray": []}
+    seconds: dict[str, list[float]] = {"local": [], "ray": [], "ray streamed": []}
+    streamed: list[bytes] = []
     try:
         for root in (local, remote):  # warm: pools filled, actors started, connections open
             for _ in range(4):
                 assert root.run_code("print(1)").ok
         for i in range(args.runs):
-            pair = [("local", local), ("ray", remote)]
-            for name, root in pair if i % 2 else pair[::-1]:
+            trio = [("local", local), ("ray", remote), ("ray streamed", remote)]
+            for name, root in trio if i % 2 else trio[::-1]:
                 time.sleep(0.3)  # pools refilled: a warm hit each time
+                sink = (lambda _name, data: streamed.append(data)) if name == "ray streamed" else None
                 t = time.perf_counter()
-                r = root.run_code("print(1)")
+                r = root.run_code("print(1)", on_output=sink)
                 seconds[name].append(time.perf_counter() - t)
                 assert r.ok and r.stdout == "1\n"
+        assert b"".join(streamed) == b"1\n" * args.runs
         local_rate, _ = burst(local, args.burst, args.threads)
         ray_rate, hosts = burst(remote, args.burst, args.threads)
         per_node = {h: hosts.count(h) for h in set(hosts)}
@@ -87,6 +92,9 @@ def main() -> None:
             "|---|---:|---:|---:|---:|",
             f"| warm `print(1)`, p50 | {p50(seconds['ray']) * 1000:.1f} ms | {p50(seconds['local']) * 1000:.1f} ms "
             f"| {overhead:+.1f} ms | <= 5 ms |",
+            f"| warm `print(1)` with its output streamed, p50 | {p50(seconds['ray streamed']) * 1000:.1f} ms "
+            f"| {p50(seconds['local']) * 1000:.1f} ms "
+            f"| {(p50(seconds['ray streamed']) - p50(seconds['local'])) * 1000:+.1f} ms | |",
             f"| {args.burst} runs on {args.threads} threads | {ray_rate:.1f} runs/s (split {split}) "
             f"| {local_rate:.1f} runs/s | {ray_rate / local_rate:.2f}x | (no gain on one host) |",
             "",

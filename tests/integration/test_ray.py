@@ -56,6 +56,8 @@ def test_cluster_status_lists_the_nodes_and_their_state(root, ray_cluster):
     states = root.backend.status()
     assert sorted(s["node_id"] for s in states) == sorted(root.backend.node_ids())
     assert all(s["has_image"] and s["max_running"] > 0 and s["backend"] == "docker" for s in states)
+    assert all("runc" in s["runtimes"] for s in states)  # what each node's engine has, asked there
+    assert "runc" in root.backend.info().runtimes
     backend = json.dumps({"type": "ray", "address": ray_cluster.address, "node_backend": "docker"})
     done = subprocess.run(
         [sys.executable, "-m", "sandloop", "cluster", "status", "--json"],
@@ -108,7 +110,44 @@ def test_a_session_made_by_one_driver_is_attached_from_another(root, ray_cluster
         DELETED.append(s.id)
 
 
-def test_the_http_api_serves_the_cluster(root, tmp_path):
+def test_output_streams_across_the_cluster_and_a_caller_who_gives_up_interrupts(root):
+    """Output comes as the code writes it (not all at the end), for cells and runs; a cell whose
+    caller gives up (``cancel``) is interrupted on its node and the interpreter keeps its state."""
+    s = root.create_session(quota="32m")
+    try:
+        seen: list[tuple[float, str, bytes]] = []
+        code = "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')\n'done'"
+        c = s.run_cell(code, on_output=lambda name, data: seen.append((time.monotonic(), name, data)))
+        ended = time.monotonic()
+        assert c.value == "'done'" and c.stdout == "first\nsecond\n"
+        assert b"".join(d for _, _, d in seen) == b"first\nsecond\n"
+        first_at = next(t for t, _, d in seen if b"first" in d)
+        assert ended - first_at > 1.0, "the first line came with the result, not as it was printed"
+
+        s.run_cell("kept = 'yes'")
+        cancel = threading.Event()
+        threading.Timer(1.0, cancel.set).start()
+        t0 = time.monotonic()
+        c = s.run_cell("import time\nwhile True: time.sleep(0.1)", timeout_seconds=120, cancel=cancel)
+        assert c.timed_out and not c.interpreter_restarted and "KeyboardInterrupt" in c.stderr
+        assert time.monotonic() - t0 < 30  # interrupted on its node, not at its two-minute timeout
+        assert s.run_cell("kept").value == "'yes'"
+    finally:
+        s.delete()
+        DELETED.append(s.id)
+    seen = []
+    r = root.run_code(
+        "import time\nprint('a', flush=True)\ntime.sleep(2)\nprint('b')",
+        on_output=lambda name, data: seen.append((time.monotonic(), name, data)),
+    )
+    ended = time.monotonic()
+    assert r.stdout == "a\nb\n" and b"".join(d for _, _, d in seen) == b"a\nb\n"
+    assert ended - next(t for t, _, d in seen if b"a" in d) > 1.0
+
+
+def test_the_http_api_serves_the_cluster(root, tmp_path, monkeypatch):
+    from e2b_code_interpreter import Sandbox
+
     from sandloop.server.app import create_app
     from sandloop.server.tokens import TokenStore
 
@@ -123,6 +162,22 @@ def test_the_http_api_serves_the_cluster(root, tmp_path):
         assert cell.json()["value"] == "4"
         assert httpx.delete(f"{url}/v1/sessions/{sid}", headers=headers, timeout=120).status_code == 204
         DELETED.append(sid)
+        # The E2B API over the cluster: the official SDK, output streamed as it is printed.
+        for name in ("E2B_API_URL", "E2B_SANDBOX_URL"):
+            monkeypatch.setenv(name, url)
+        monkeypatch.setenv("E2B_API_KEY", key)
+        sbx = Sandbox.create(timeout=300)
+        try:
+            seen: list[float] = []
+            code = "import time\nprint('a', flush=True)\ntime.sleep(2)\nprint('b')\n6 * 7"
+            execution = sbx.run_code(code, on_stdout=lambda _msg: seen.append(time.monotonic()))
+            ended = time.monotonic()
+            assert execution.text == "42" and "".join(execution.logs.stdout) == "a\nb\n"
+            assert ended - seen[0] > 1.0, "run_code's output came at the end, not as printed"
+            assert sbx.commands.run("echo hi").stdout == "hi\n"
+        finally:
+            sbx.kill()
+            DELETED.append(sbx.sandbox_id)
 
 
 def test_a_node_without_the_image_says_so_and_a_full_cluster_is_busy(ray_cluster):
@@ -202,10 +257,11 @@ def _run_starts(since: float) -> int:
 
 @pytest.mark.timeout(300)
 def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_cluster):
-    """Four runs sleeping on the two nodes; the raylet of the node that holds a session is
-    SIGKILLed. Its runs raise NodeLost within seconds, the other node's finish, the session is
-    SessionLost, no run's sandbox was started twice (counted on the engine), later runs go to
-    the live node; when the node comes back its reaper removes what the lost one left."""
+    """Four runs sleeping on the two nodes (two of them streaming their output); the raylet of the
+    node that holds a session is SIGKILLed. Its runs raise NodeLost within seconds, the other
+    node's finish, the session is SessionLost, no run's sandbox was started twice (counted on the
+    engine), later runs go to the live node; when the node comes back its reaper removes what the
+    lost one left."""
     session = root.create_session(quota="16m")
     session.close()
     victim = root.backend._session_node(session.id)
@@ -216,7 +272,10 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
     def one(i: int) -> None:
         started = time.monotonic()
         try:
-            r = root.run_code(f"import time\nprint('run-{i}', flush=True)\ntime.sleep(10)", timeout_seconds=30)
+            streams = (lambda name, data: None) if i < 2 else None  # each node gets a streamed run and a plain one
+            r = root.run_code(
+                f"import time\nprint('run-{i}', flush=True)\ntime.sleep(10)", timeout_seconds=30, on_output=streams
+            )
             outcomes[i] = ("ok", r.host, time.monotonic() - started)
         except NodeLost as exc:
             outcomes[i] = ("lost", str(exc), time.monotonic() - started, time.monotonic())

@@ -37,3 +37,53 @@ def test_the_cli_says_what_to_do_without_a_traceback():
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 125 and "Traceback" not in done.stderr
     assert "no Ray cluster at 127.0.0.1:1" in done.stderr and "ray start --head" in done.stderr
+
+
+def test_a_nodes_stream_sends_output_in_batches_then_the_result():
+    import threading
+
+    from sandloop.runtime.ray.node import streamed
+
+    go_on = threading.Event()
+
+    def work(emit, cancel):
+        emit("stdout", b"a")
+        emit("stderr", b"b")
+        go_on.wait(10)
+        emit("stdout", b"c")
+        return 7
+
+    stream = streamed(work, threading.Event())
+    first = next(stream)
+    go_on.set()
+    rest = list(stream)
+    pieces = [p for kind, batch in [first, *rest[:-1]] for p in batch]
+    assert pieces == [("stdout", b"a"), ("stderr", b"b"), ("stdout", b"c")]
+    assert rest[-1] == ("result", 7) and len(rest) <= 3  # a, b (maybe together), c, then the result
+
+
+def test_a_nodes_stream_raises_the_works_error_and_a_consumer_who_leaves_cancels_it():
+    import threading
+
+    from sandloop.contract import SandboxBusy
+    from sandloop.runtime.ray.node import streamed
+
+    def fails(emit, cancel):
+        raise SandboxBusy("full")
+
+    with pytest.raises(SandboxBusy, match="full"):
+        list(streamed(fails, threading.Event()))
+
+    stopped = threading.Event()
+
+    def endless(emit, cancel):
+        while not cancel.wait(0.05):
+            emit("stdout", b".")
+        stopped.set()
+        return None
+
+    cancel = threading.Event()
+    stream = streamed(endless, cancel)
+    assert next(stream)[0] == "output"
+    stream.close()  # the driver went away (Ray closes the generator)
+    assert cancel.is_set() and stopped.wait(5)

@@ -37,7 +37,7 @@ def cluster_status(
     if as_json:
         out.print_json(json.dumps(nodes, default=str))
         return
-    table = Table("node", "host", "backend", "running / max", "warm", "runs", "image")
+    table = Table("node", "host", "backend", "runtimes", "running / max", "warm", "runs", "image")
     for n in nodes:
         pools = (n.get("pool") or {}).get("pools") or {}
         warm = sum(int(p.get("ready", 0)) for p in pools.values())
@@ -46,6 +46,7 @@ def cluster_status(
             str(n.get("node_id", ""))[:12],
             str(n.get("host", "-")),
             str(n.get("backend", "-")),
+            ", ".join(n.get("runtimes") or []) or "-",
             f"{n.get('running', '-')} / {n.get('max_running', '-')}",
             str(warm),
             str(n.get("runs", "-")),

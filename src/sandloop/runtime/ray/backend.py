@@ -23,7 +23,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,10 +174,63 @@ class RayBackend:
 
     def _call(self, node_id: str, method: str, *args: Any, timeout: float = QUICK, **kwargs: Any) -> Any:
         """``method`` of the node's actor, within ``timeout`` seconds; a lost node is ``NodeLost``."""
-        ray = self.ray
         ref = getattr(self._actor(node_id), method).remote(*args, **kwargs)
+        with self._failures(node_id, method, timeout, ref):
+            return self.ray.get(ref, timeout=timeout)
+
+    def _streamed(
+        self,
+        node_id: str,
+        method: str,
+        *args: Any,
+        timeout: float,
+        on_output: Callable[[str, bytes], None] | None,
+        cancel: threading.Event | None = None,
+    ) -> Any:
+        """``method`` of the node's actor, a generator (``NodeService._streamed``): its output goes
+        to ``on_output`` as it comes; once ``cancel`` is set the node is told to interrupt; the
+        result, within ``timeout`` seconds; a lost node is ``NodeLost``."""
+        ray = self.ray
+        call_id = uuid.uuid4().hex
+        stream = getattr(self._actor(node_id), method).remote(call_id, *args)
+        deadline = time.monotonic() + timeout
+        told = False
+
+        def tell() -> None:
+            nonlocal told
+            if not told:
+                told = True
+                with contextlib.suppress(Exception):  # fire and forget: a lost node is seen below
+                    self._actor(node_id).cancel.remote(call_id)
+
         try:
-            return ray.get(ref, timeout=timeout)
+            with self._failures(node_id, method, timeout, stream):
+                while True:
+                    if cancel is not None and cancel.is_set():
+                        tell()
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ray.exceptions.GetTimeoutError(f"{method} took over {timeout:g} s")
+                    ready, _ = ray.wait([stream], timeout=min(left, 0.25) if cancel is not None and not told else left)
+                    if not ready:
+                        continue
+                    kind, payload = ray.get(next(stream), timeout=QUICK)
+                    if kind == "result":
+                        told = True  # done: nothing to interrupt
+                        return payload
+                    if on_output is not None:
+                        for name, data in payload:
+                            on_output(name, data)
+        finally:
+            tell()  # this side gave up (an error, a callback that raised): the node stops the work
+
+    @contextlib.contextmanager
+    def _failures(self, node_id: str, method: str, timeout: float, ref: Any) -> Iterator[None]:
+        """Ray's failures of a call to a node, as sandloop's: the node's own ``SandboxError`` as
+        itself; no answer in time, or the node gone, as ``NodeLost`` (nothing is retried)."""
+        ray = self.ray
+        try:
+            yield
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else None
             if isinstance(cause, SandboxError):
@@ -249,16 +303,18 @@ class RayBackend:
             for node_id in nodes:
                 with self._lock:
                     self._inflight[node_id] += 1
+                timeout = request.timeout_seconds + MARGIN + self.queue_wait_seconds
                 try:
-                    result: ExecutionResult = self._call(
-                        node_id, "run", wire, timeout=request.timeout_seconds + MARGIN + self.queue_wait_seconds
+                    result: ExecutionResult = (
+                        self._streamed(node_id, "run_stream", wire, timeout=timeout, on_output=request.on_output)
+                        if request.on_output is not None
+                        else self._call(node_id, "run", wire, timeout=timeout)
                     )
                 except SandboxBusy:
                     continue  # that node is full: the next one
                 finally:
                     with self._lock:
                         self._inflight[node_id] -= 1
-                _replay(request.on_output, result)
                 return result
             if time.monotonic() >= deadline:
                 raise SandboxBusy(f"every node of the cluster is full (waited {self.queue_wait_seconds:g} s)")
@@ -275,14 +331,18 @@ class RayBackend:
         return RaySandbox(node_id, sandbox_id, time.monotonic())
 
     def execute(self, sandbox: RaySandbox, request: RunRequest, *, started: float | None = None) -> ExecutionResult:
-        result: ExecutionResult = self._call(
-            sandbox.node_id,
-            "execute",
-            sandbox.sandbox_id,
-            strip_for_the_wire(request),
-            timeout=request.timeout_seconds + MARGIN,
-        )
-        _replay(request.on_output, result)
+        wire, timeout = strip_for_the_wire(request), request.timeout_seconds + MARGIN
+        if request.on_output is None:
+            result: ExecutionResult = self._call(sandbox.node_id, "execute", sandbox.sandbox_id, wire, timeout=timeout)
+        else:
+            result = self._streamed(
+                sandbox.node_id,
+                "execute_stream",
+                sandbox.sandbox_id,
+                wire,
+                timeout=timeout,
+                on_output=request.on_output,
+            )
         return result
 
     def run_cell(
@@ -297,18 +357,14 @@ class RayBackend:
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> CellResult:
-        result: CellResult = self._call(
-            kernel.node_id,
-            "run_cell",
-            kernel.sandbox_id,
-            code,
-            limits,
-            interrupt_after,
-            grace,
-            dict(secrets) if secrets else None,
-            timeout=interrupt_after + grace + MARGIN,
-        )
-        _replay(on_output, result)
+        args = (kernel.sandbox_id, code, limits, interrupt_after, grace, dict(secrets) if secrets else None)
+        timeout = interrupt_after + grace + MARGIN
+        if on_output is None and cancel is None:  # one plain call: the quickest way across
+            result: CellResult = self._call(kernel.node_id, "run_cell", *args, timeout=timeout)
+        else:
+            result = self._streamed(
+                kernel.node_id, "run_cell_stream", *args, timeout=timeout, on_output=on_output, cancel=cancel
+            )
         return result
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> RaySandbox | None:
@@ -337,15 +393,17 @@ class RayBackend:
 
     def info(self) -> BackendInfo:
         states = self.status()
-        runtimes = sorted({"runc", "runsc"})
+        usable = [s for s in states if s.get("has_image")]
+        # What a run can ask for wherever it lands: the runtimes every usable node's engine has.
+        runtimes = set.intersection(*(set(s.get("runtimes", ())) for s in usable)) if usable else set()
         return BackendInfo(
             name="ray",
             version=str(self.ray.__version__),
-            runtimes=tuple(runtimes),
-            quotas_enforced=True,
+            runtimes=tuple(sorted(runtimes)),
+            quotas_enforced=bool(usable) and all(s.get("quotas_enforced") for s in usable),
             details={
                 "nodes": str(len(states)),
-                "usable": str(sum(1 for s in states if s.get("has_image"))),
+                "usable": str(len(usable)),
                 "address": str(self.ray.get_runtime_context().gcs_address),
             },
         )
@@ -464,11 +522,3 @@ def _reachable(address: str) -> None:
             f"no Ray cluster at {address} ({exc.strerror or exc}): start its head (`ray start --head --port={port}`) "
             "or fix RAY_ADDRESS"
         ) from None
-
-
-def _replay(on_output: Callable[[str, bytes], None] | None, result: ExecutionResult) -> None:
-    """No stream crosses the cluster: a caller that wanted output as it came gets all of it now."""
-    if on_output is not None:
-        for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
-            if text:
-                on_output(name, text.encode())

@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, SandboxLimits
 from sandloop.contract.egress import Secret
 from sandloop.runtime.base import FullBackend, Owned, RunRequest, SandboxSpec, WorkspaceRef
+
+T = TypeVar("T")
+#: What a streamed call yields: ("output", [(stream, bytes), ...]) as it comes, then ("result", R).
+Piece = tuple[str, Any]
 
 
 class _Dispatch(Protocol):
@@ -57,6 +62,8 @@ class NodeService:
         self.settings = self.root.settings
         self._handles: dict[str, Any] = {}
         self._kernel_locks: dict[str, threading.Lock] = {}
+        #: The cancel switches of streamed cells in flight, by the driver's call id.
+        self._cancels: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._running = 0
         self.started = time.time()
@@ -80,8 +87,11 @@ class NodeService:
         image = self.root.image
         try:
             has_image, problem = self.root.backend.has_image(image), ""
+            info = self.root.backend.info()
+            runtimes, quotas = list(info.runtimes), info.quotas_enforced
         except Exception as exc:  # noqa: BLE001 - reported, the node takes no runs
             has_image, problem = False, f"{type(exc).__name__}: {exc}"
+            runtimes, quotas = [], False
         return {
             "node_id": self.node_id,
             "host": os.uname().nodename,
@@ -89,6 +99,8 @@ class NodeService:
             "backend": self.root.backend.name,
             "image": image,
             "has_image": has_image,
+            "runtimes": runtimes,
+            "quotas_enforced": quotas,
             "problem": problem or ("" if has_image else f"image {image} is missing: run `sandloop images build` here"),
             "max_running": self.settings.max_running,
             "running": self._running,
@@ -126,6 +138,31 @@ class NodeService:
                 self.runs += 1
         return result.model_copy(update={"host": self.node_id})
 
+    def run_stream(self, call_id: str, request: RunRequest) -> Iterator[Piece]:
+        """``run``, its output sent on as it comes (a generator function: Ray streams what it yields)."""
+        yield from self._streamed(lambda emit, _cancel: self.run(replace(request, on_output=emit)), call_id)
+
+    # -- streaming: output as it comes, and a caller that gives up ----------------------------------
+    def _streamed(
+        self, work: Callable[[Callable[[str, bytes], None], threading.Event], Any], call_id: str
+    ) -> Iterator[Piece]:
+        """``streamed(work)``, which ``cancel(call_id)`` from the driver interrupts."""
+        switch = threading.Event()
+        with self._lock:
+            self._cancels[call_id] = switch
+        try:
+            yield from streamed(work, switch)
+        finally:
+            with self._lock:
+                self._cancels.pop(call_id, None)
+
+    def cancel(self, call_id: str) -> None:
+        """The driver's caller gave up on a streamed cell: interrupt it (its state survives)."""
+        with self._lock:
+            switch = self._cancels.get(call_id)
+        if switch is not None:
+            switch.set()
+
     # -- the backend seam, one call each ------------------------------------------------------
     def launch(self, spec: SandboxSpec, purpose: str, lifetime_seconds: float) -> str:
         sandbox = self.root.backend.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
@@ -144,6 +181,11 @@ class NodeService:
         result = self.root.backend.execute(self._handle(sandbox_id), request)
         return result.model_copy(update={"host": self.node_id})
 
+    def execute_stream(self, call_id: str, sandbox_id: str, request: RunRequest) -> Iterator[Piece]:
+        yield from self._streamed(
+            lambda emit, _cancel: self.execute(sandbox_id, replace(request, on_output=emit)), call_id
+        )
+
     def run_cell(
         self,
         sandbox_id: str,
@@ -152,6 +194,8 @@ class NodeService:
         interrupt_after: float,
         grace: float,
         secrets_: dict[str, Secret] | None,
+        on_output: Callable[[str, bytes], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> CellResult:
         with self._lock:
             lock = self._kernel_locks.setdefault(sandbox_id, threading.Lock())
@@ -163,8 +207,28 @@ class NodeService:
                 interrupt_after=interrupt_after,
                 grace=grace,
                 secrets=secrets_,
+                on_output=on_output,
+                cancel=cancel,
             )
         return result.model_copy(update={"host": self.node_id})
+
+    def run_cell_stream(
+        self,
+        call_id: str,
+        sandbox_id: str,
+        code: str,
+        limits: SandboxLimits,
+        interrupt_after: float,
+        grace: float,
+        secrets_: dict[str, Secret] | None,
+    ) -> Iterator[Piece]:
+        """``run_cell`` with its output sent on as it comes; ``cancel(call_id)`` interrupts it."""
+        yield from self._streamed(
+            lambda emit, cancel: self.run_cell(
+                sandbox_id, code, limits, interrupt_after, grace, secrets_, emit, cancel
+            ),
+            call_id,
+        )
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> str | None:
         sandbox = self.root.backend.find_kernel(session_id, spec)
@@ -259,6 +323,43 @@ class Registry:
 
     def dropped(self) -> list[str]:
         return sorted(self._dropped)
+
+
+def streamed(
+    work: Callable[[Callable[[str, bytes], None], threading.Event], T], cancel: threading.Event
+) -> Iterator[Piece]:
+    """Run ``work(emit, cancel)`` on a thread and yield what it emits, in batches (whatever arrived
+    since the last one: a flood becomes a few large pieces, not one Ray object per write), then its
+    result; its exception is raised here. ``cancel`` is also set when the consumer stops listening
+    (the driver's generator dropped or cancelled by Ray), so the work is interrupted."""
+    pieces: queue.Queue[tuple[str, bytes] | None] = queue.Queue()
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = work(lambda name, data: pieces.put((name, data)), cancel)
+        except BaseException as exc:  # noqa: BLE001 - raised in the consumer below
+            outcome["error"] = exc
+        finally:
+            pieces.put(None)
+
+    threading.Thread(target=target, name="sandloop-node-stream", daemon=True).start()
+    try:
+        finished = False
+        while not finished:
+            batch = [pieces.get()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    batch.append(pieces.get_nowait())
+            finished = batch[-1] is None
+            out = [p for p in batch if p is not None]
+            if out:
+                yield ("output", out)
+        if "error" in outcome:
+            raise outcome["error"]
+        yield ("result", outcome["result"])
+    finally:
+        cancel.set()
 
 
 def strip_for_the_wire(request: RunRequest) -> RunRequest:
