@@ -102,29 +102,39 @@ def limits(runtime: str, mode: str, roots) -> SandboxLimits:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """One real local Ray cluster for the session (a head and two sandbox nodes), started on first
-    use; its nodes' actors run sandboxes through Docker with no warm pool, so every run is one
-    container start (tests count them). Stopped by the pids it started."""
+def _ray_clusters():
+    """The local Ray clusters this session started (one at a time), stopped at its end."""
+    started: list = []
+    yield started
+    import ray
+
+    for cluster in started:
+        if cluster.processes():
+            if ray.is_initialized():
+                from sandloop import Sandloop
+
+                with Sandloop(ray_settings(cluster)) as sl:
+                    sl.backend.shutdown_nodes()  # type: ignore[attr-defined]
+                ray.shutdown()
+            cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(_ray_clusters):
+    """A real local Ray cluster (a head and two sandbox nodes), started on first use and shared by
+    the session's tests; its nodes' actors run sandboxes through Docker with no warm pool, so every
+    run is one container start (tests count them). Stopped by the pids it started. A module that
+    comes after the one test that stops it (``test_nothing_is_left_when_the_nodes_stop``) gets a
+    new one."""
     pytest.importorskip("ray") if not REQUIRE_DOCKER else None
     problem, _ = engine_state()
     if problem:
         _missing(problem)
     from sandloop.testing.ray_cluster import LocalCluster
 
-    cluster = LocalCluster(workers=2).start()
-    try:
-        yield cluster
-    finally:
-        import ray
-
-        if ray.is_initialized():
-            from sandloop import Sandloop
-
-            with Sandloop(ray_settings(cluster)) as sl:
-                sl.backend.shutdown_nodes()  # type: ignore[attr-defined]
-            ray.shutdown()
-        cluster.stop()
+    if not _ray_clusters or not _ray_clusters[-1].processes():
+        _ray_clusters.append(LocalCluster(workers=2).start())
+    return _ray_clusters[-1]
 
 
 def ray_settings(cluster, **kw):

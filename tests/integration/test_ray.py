@@ -85,7 +85,9 @@ def test_cluster_status_lists_the_nodes_and_their_state(root, ray_cluster):
     assert result["stdout"] == "42\n" and result["host"] in root.backend.node_ids()
 
 
-def test_a_session_made_by_one_driver_is_attached_from_another(root, ray_cluster):
+def test_a_session_made_by_one_driver_is_attached_from_another(root, ray_cluster, tmp_path):
+    """The other driver has its own SANDLOOP_HOME, as a driver on another host would: the record
+    comes from the cluster's registry, not this host's files."""
     s = root.create_session(quota="32m")
     try:
         s.run_cell("x = 41")
@@ -94,16 +96,18 @@ def test_a_session_made_by_one_driver_is_attached_from_another(root, ray_cluster
         script = (
             "import json\n"
             "from sandloop import Sandloop, Settings\n"
-            f"sl = Sandloop(Settings(backend={backend!r}, pool_size=0))\n"
+            f"sl = Sandloop(Settings(backend={backend!r}, pool_size=0, home={str(tmp_path / 'other-host')!r}))\n"
             f"s = sl.attach_session({s.id!r})\n"
             "c = s.run_cell('x + 1')\n"
-            "print(json.dumps([c.value, s.read_file('notes.txt').decode(), c.host]))\n"
+            "listed = [r.id for r in sl.list_sessions()]\n"
+            "print(json.dumps([c.value, s.read_file('notes.txt').decode(), c.host, listed]))\n"
             "s.close(); sl.close()\n"
         )
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=180)
         assert done.returncode == 0, done.stderr[-2000:]
-        value, notes, host = json.loads(done.stdout.strip().splitlines()[-1])
-        assert value == "42" and notes == "kept" and host in root.backend.node_ids()
+        value, notes, host, listed = json.loads(done.stdout.strip().splitlines()[-1])
+        assert value == "42" and notes == "kept" and host in root.backend.node_ids() and s.id in listed
+        assert not (root.settings.home / "sessions" / s.id / "session.json").exists()  # not this host's file
         assert s.run_cell("x").value == "41"  # and from this driver again
     finally:
         s.delete()

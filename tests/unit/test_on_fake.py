@@ -151,3 +151,55 @@ def test_the_api_scopes_and_meters_on_the_fake(tmp_path, fake):
         assert b.post("/v1/runs", json={"code": "print(1)"}).status_code == 200  # bob has his own window
         a.close()
         b.close()
+
+
+class _ClusterFake(FakeBackend):
+    """The fake with records kept in the backend (``SharedRecords``), as the Ray backend keeps
+    them in its registry: what two drivers on different hosts share."""
+
+    def __init__(self, home):
+        super().__init__(home)
+        self.records: dict[str, dict] = {}
+
+    def get_record(self, session_id):
+        return self.records.get(session_id)
+
+    def put_record(self, session_id, record):
+        self.records[session_id] = dict(record)
+
+    def remove_record(self, session_id):
+        self.records.pop(session_id, None)
+
+    def record_ids(self):
+        return sorted(self.records)
+
+
+def test_shared_records_let_a_driver_with_another_home_attach_list_and_reap(tmp_path):
+    import os
+
+    backend = _ClusterFake(tmp_path / "engine")
+    here = Sandloop(Settings(backend="fake", home=tmp_path / "here", pool_size=0), backend=backend)
+    there = Sandloop(Settings(backend="fake", home=tmp_path / "there", pool_size=0), backend=backend)
+    s = here.create_session(quota="8m")
+    s.run_cell("x = 41")
+    assert not (tmp_path / "here" / "sessions" / s.id / "session.json").exists()  # the record is the backend's
+    other = there.attach_session(s.id)
+    assert other.run_cell("x + 1").value == "42"
+    assert [r.id for r in there.list_sessions()] == [s.id]
+    other.close()
+    # Idle past its TTL: whichever driver reaps removes it everywhere (record and sandboxes).
+    backend.records[s.id]["last_used"] -= 10 * 3600
+    assert there.sessions.reap_expired() == [s.id]
+    assert backend.records == {} and here.list_sessions() == []
+    with pytest.raises(SessionNotFound):
+        here.attach_session(s.id)
+    # A directory here with no record anywhere for an hour (a create that died, or a session
+    # another host deleted) is removed; a fresh one (a create in progress) is kept.
+    stale, fresh = (tmp_path / "here" / "sessions" / name for name in ("s-0000000000aa", "s-0000000000bb"))
+    stale.mkdir()
+    fresh.mkdir()
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    here.sessions.reap_expired()
+    assert not stale.exists() and fresh.exists()
+    here.close()
+    there.close()

@@ -1,6 +1,11 @@
-"""Where sessions live: a record per session on this host (``<home>/sessions/<id>/session.json``)
-and a workspace per session, which the backend makes and keeps apart from any sandbox
-(``Workspaces`` in ``runtime/base.py``; on Docker a loop-mounted ext4 volume of the quota's size).
+"""Where sessions live: a record per session and a workspace per session, which the backend makes
+and keeps apart from any sandbox (``Workspaces`` in ``runtime/base.py``; on Docker a loop-mounted
+ext4 volume of the quota's size).
+
+The record is a file on this host (``<home>/sessions/<id>/session.json``), or, on a backend that
+spans hosts (``SharedRecords``: the Ray backend), kept where every driver of the cluster sees it.
+Either way ``<home>/sessions/<id>/`` on this host holds what is local to it (the interpreter's
+lock; on Docker, the workspace's mount point).
 """
 
 from __future__ import annotations
@@ -15,19 +20,33 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from sandloop.contract import HostDiskFull, SessionNotFound
+from sandloop.contract import HostDiskFull, SandboxError, SessionNotFound
 from sandloop.paths import default_home
 from sandloop.runtime.base import Housekeeping, WorkspaceRef, Workspaces
 from sandloop.runtime.labels import SESSION_LABEL
 
 WORKSPACE = "/workspace"
-__all__ = ["SESSION_LABEL", "WORKSPACE", "SessionRecord", "SessionStore"]
+__all__ = ["SESSION_LABEL", "WORKSPACE", "SessionRecord", "SessionStore", "SharedRecords"]
 
 
 class SessionBackend(Workspaces, Housekeeping, Protocol):
     """What the store needs of a backend."""
+
+
+@runtime_checkable
+class SharedRecords(Protocol):
+    """A backend whose sessions' records every driver must see (drivers on other hosts attach to
+    them): it keeps them (the Ray backend: in its registry on the head), not this host's files."""
+
+    def get_record(self, session_id: str) -> dict[str, Any] | None: ...
+
+    def put_record(self, session_id: str, record: dict[str, Any]) -> None: ...
+
+    def remove_record(self, session_id: str) -> None: ...
+
+    def record_ids(self) -> list[str]: ...
 
 
 @dataclass
@@ -55,6 +74,8 @@ class SessionStore:
     def __init__(self, backend: SessionBackend, home: Path | None = None) -> None:
         self.backend = backend
         self.root = (home or default_home()) / "sessions"
+        #: Where records live when not in this host's files.
+        self.shared = backend if isinstance(backend, SharedRecords) else None
 
     def _dir(self, session_id: str) -> Path:
         if not session_id.startswith("s-") or not session_id[2:].isalnum():
@@ -62,18 +83,31 @@ class SessionStore:
         return self.root / session_id
 
     # -- records -------------------------------------------------------------------------------
-    def load(self, session_id: str) -> SessionRecord:
-        path = self._dir(session_id) / "session.json"
+    def _read(self, session_id: str) -> SessionRecord | None:
+        """The record, ``None`` when there is none; a damaged one raises (ValueError, TypeError)."""
+        if self.shared is not None:
+            data = self.shared.get_record(self._dir(session_id).name)
+            return None if data is None else SessionRecord(**data)
         try:
-            record = SessionRecord(**json.loads(path.read_text()))
+            return SessionRecord(**json.loads((self._dir(session_id) / "session.json").read_text()))
         except FileNotFoundError:
-            raise SessionNotFound(f"no session {session_id}: it was deleted or expired") from None
+            return None
+
+    def load(self, session_id: str) -> SessionRecord:
+        record = self._read(session_id)
+        if record is None:
+            raise SessionNotFound(f"no session {session_id}: it was deleted or expired")
         if record.expires_at < time.time():
             self.delete(session_id)
             raise SessionNotFound(f"session {session_id} expired after {record.ttl_seconds:g} s idle and was removed")
+        if self.shared is not None:  # made on another host: this one needs its own directory
+            self._dir(session_id).mkdir(parents=True, exist_ok=True, mode=0o700)
         return record
 
     def save(self, record: SessionRecord) -> None:
+        if self.shared is not None:
+            self.shared.put_record(record.id, asdict(record))
+            return
         path = self._dir(record.id) / "session.json"
         tmp = path.with_suffix(".tmp")
         try:
@@ -92,15 +126,19 @@ class SessionStore:
         if now - record.last_used < min(1.0, record.ttl_seconds / 100):
             return
         record.last_used = now
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, SandboxError):
             self.save(record)
+
+    def _ids(self) -> builtins.list[str]:
+        if self.shared is not None:
+            return self.shared.record_ids()
+        return sorted(d.name for d in self.root.iterdir()) if self.root.is_dir() else []
 
     def list(self) -> list[SessionRecord]:
         out = []
-        if self.root.is_dir():
-            for d in sorted(self.root.iterdir()):
-                with contextlib.suppress(SessionNotFound, ValueError, TypeError, json.JSONDecodeError):
-                    out.append(self.load(d.name))
+        for session_id in self._ids():
+            with contextlib.suppress(SessionNotFound, ValueError, TypeError, json.JSONDecodeError, OSError):
+                out.append(self.load(session_id))
         return out
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -133,27 +171,40 @@ class SessionStore:
             self.backend.remove_labelled(SESSION_LABEL, session_id)
         with contextlib.suppress(Exception):
             self.backend.delete_workspace(session_id)
+        if self.shared is not None:
+            with contextlib.suppress(Exception):
+                self.shared.remove_record(session_id)
         if not _mounts_below(d):  # never delete through a workspace that would not unmount
             shutil.rmtree(d, ignore_errors=True)
 
     def reap_expired(self, now: float | None = None) -> builtins.list[str]:
-        """Delete every session idle past its TTL; return their ids."""
+        """Delete every session idle past its TTL; return their ids. Also a directory here with
+        no record anywhere for an hour: a create that died half-way (or, with shared records, a
+        session another host deleted)."""
         now = time.time() if now is None else now
         gone: builtins.list[str] = []
-        if not self.root.is_dir():
-            return gone
-        for d in self.root.iterdir():
+        recorded: set[str] = set()
+        for session_id in self._ids():
             try:
-                record = SessionRecord(**json.loads((d / "session.json").read_text()))
-            except FileNotFoundError:
-                if time.time() - d.stat().st_mtime > 3600:  # a create that died half-way
-                    self.delete(d.name)
+                record = self._read(session_id)
+            except (SessionNotFound, ValueError, TypeError, OSError):
+                recorded.add(session_id)  # damaged: left for a person to look at
                 continue
-            except (ValueError, TypeError, OSError):
+            if record is None:
                 continue
+            recorded.add(session_id)
             if record.expires_at < now:
                 self.delete(record.id)
                 gone.append(record.id)
+        if self.root.is_dir():
+            for d in self.root.iterdir():
+                if d.name in recorded:
+                    continue
+                try:
+                    if time.time() - d.stat().st_mtime > 3600 and self._read(d.name) is None:
+                        self.delete(d.name)
+                except (SessionNotFound, ValueError, TypeError, OSError):
+                    continue
         return gone
 
 

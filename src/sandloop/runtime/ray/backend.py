@@ -447,6 +447,28 @@ class RayBackend:
             )
         return str(node_id)
 
+    # Session records live in the registry (``SharedRecords``): a driver on any host attaches.
+    def _registry_call(self, method: str, *args: Any) -> Any:
+        try:
+            return self.ray.get(getattr(self._registry, method).remote(*args), timeout=QUICK)
+        except (self.ray.exceptions.RayError, TimeoutError) as exc:
+            raise EngineUnavailable(
+                f"the cluster's session registry (on the head) did not answer {method}: {type(exc).__name__}"
+            ) from None
+
+    def get_record(self, session_id: str) -> dict[str, Any] | None:
+        record: dict[str, Any] | None = self._registry_call("get_record", session_id)
+        return record
+
+    def put_record(self, session_id: str, record: dict[str, Any]) -> None:
+        self._registry_call("put_record", session_id, record)
+
+    def remove_record(self, session_id: str) -> None:
+        self._registry_call("remove_record", session_id)
+
+    def record_ids(self) -> list[str]:
+        return list(self._registry_call("record_ids"))
+
     def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef:
         node_id = self._session_node(session_id, pin=True)
         ref: WorkspaceRef = self._call(node_id, "create_workspace", session_id, quota_bytes, owner_uid_gid)

@@ -194,6 +194,7 @@ class NodeService:
         interrupt_after: float,
         grace: float,
         secrets_: dict[str, Secret] | None,
+        *,
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> CellResult:
@@ -212,22 +213,11 @@ class NodeService:
             )
         return result.model_copy(update={"host": self.node_id})
 
-    def run_cell_stream(
-        self,
-        call_id: str,
-        sandbox_id: str,
-        code: str,
-        limits: SandboxLimits,
-        interrupt_after: float,
-        grace: float,
-        secrets_: dict[str, Secret] | None,
-    ) -> Iterator[Piece]:
-        """``run_cell`` with its output sent on as it comes; ``cancel(call_id)`` interrupts it."""
+    def run_cell_stream(self, call_id: str, sandbox_id: str, *args: Any) -> Iterator[Piece]:
+        """``run_cell(sandbox_id, *args)`` with its output sent on as it comes; ``cancel(call_id)``
+        interrupts it."""
         yield from self._streamed(
-            lambda emit, cancel: self.run_cell(
-                sandbox_id, code, limits, interrupt_after, grace, secrets_, emit, cancel
-            ),
-            call_id,
+            lambda emit, cancel: self.run_cell(sandbox_id, *args, on_output=emit, cancel=cancel), call_id
         )
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> str | None:
@@ -301,12 +291,26 @@ class NodeService:
 
 
 class Registry:
-    """Which node holds which session (cluster-wide, for every driver); and the sessions deleted
-    while their node was gone, whose workspaces that node removes when it returns."""
+    """Which node holds which session and the session's record (cluster-wide, so a driver on any
+    host attaches to it); and the sessions deleted while their node was gone, whose workspaces
+    that node removes when it returns."""
 
     def __init__(self) -> None:
         self._where: dict[str, str] = {}
         self._dropped: set[str] = set()
+        self._records: dict[str, dict[str, Any]] = {}
+
+    def get_record(self, session_id: str) -> dict[str, Any] | None:
+        return self._records.get(session_id)
+
+    def put_record(self, session_id: str, record: dict[str, Any]) -> None:
+        self._records[session_id] = record
+
+    def remove_record(self, session_id: str) -> None:
+        self._records.pop(session_id, None)
+
+    def record_ids(self) -> list[str]:
+        return sorted(self._records)
 
     def put(self, session_id: str, node_id: str) -> None:
         self._where[session_id] = node_id
