@@ -170,8 +170,8 @@ class _ClusterFake(FakeBackend):
     def remove_record(self, session_id):
         self.records.pop(session_id, None)
 
-    def record_ids(self):
-        return sorted(self.records)
+    def all_records(self):
+        return {k: dict(v) for k, v in self.records.items()}
 
 
 def test_shared_records_let_a_driver_with_another_home_attach_list_and_reap(tmp_path):
@@ -203,3 +203,19 @@ def test_shared_records_let_a_driver_with_another_home_attach_list_and_reap(tmp_
     assert not stale.exists() and fresh.exists()
     here.close()
     there.close()
+
+
+def test_the_file_store_keeps_a_damaged_record_and_removes_a_create_that_died(fake):
+    import os
+
+    sessions = fake.sessions.root
+    damaged, died, fresh = (sessions / n for n in ("s-0000000000aa", "s-0000000000bb", "s-0000000000cc"))
+    for d in (damaged, died, fresh):
+        d.mkdir(parents=True)
+    (damaged / "session.json").write_text("{not json")
+    for d in (damaged, died):
+        os.utime(d, (time.time() - 7200, time.time() - 7200))
+    s = fake.create_session(quota="8m")  # a create reaps first
+    assert damaged.exists() and not died.exists() and fresh.exists()
+    assert [r.id for r in fake.list_sessions()] == [s.id]
+    s.delete()

@@ -46,7 +46,9 @@ class SharedRecords(Protocol):
 
     def remove_record(self, session_id: str) -> None: ...
 
-    def record_ids(self) -> list[str]: ...
+    def all_records(self) -> dict[str, dict[str, Any]]:
+        """Every record, in one call (the reaper reads them all)."""
+        ...
 
 
 @dataclass
@@ -129,16 +131,36 @@ class SessionStore:
         with contextlib.suppress(OSError, SandboxError):
             self.save(record)
 
-    def _ids(self) -> builtins.list[str]:
+    def _all(self) -> dict[str, SessionRecord | None]:
+        """Every session's record by id (``None``: damaged, left for a person to look at)."""
+        out: dict[str, SessionRecord | None] = {}
         if self.shared is not None:
-            return self.shared.record_ids()
-        return sorted(d.name for d in self.root.iterdir()) if self.root.is_dir() else []
+            for session_id, data in self.shared.all_records().items():
+                try:
+                    out[session_id] = SessionRecord(**data)
+                except TypeError:
+                    out[session_id] = None
+        elif self.root.is_dir():
+            for d in sorted(self.root.iterdir()):
+                try:
+                    record = self._read(d.name)
+                except (SessionNotFound, ValueError, TypeError, OSError):
+                    out[d.name] = None
+                    continue
+                if record is not None:
+                    out[d.name] = record
+        return out
 
     def list(self) -> list[SessionRecord]:
+        """The live sessions (one found expired is removed on the way, as ``load`` does)."""
         out = []
-        for session_id in self._ids():
-            with contextlib.suppress(SessionNotFound, ValueError, TypeError, json.JSONDecodeError, OSError):
-                out.append(self.load(session_id))
+        for record in self._all().values():
+            if record is None:
+                continue
+            if record.expires_at < time.time():
+                self.delete(record.id)
+                continue
+            out.append(record)
         return out
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -183,28 +205,16 @@ class SessionStore:
         session another host deleted)."""
         now = time.time() if now is None else now
         gone: builtins.list[str] = []
-        recorded: set[str] = set()
-        for session_id in self._ids():
-            try:
-                record = self._read(session_id)
-            except (SessionNotFound, ValueError, TypeError, OSError):
-                recorded.add(session_id)  # damaged: left for a person to look at
-                continue
-            if record is None:
-                continue
-            recorded.add(session_id)
-            if record.expires_at < now:
-                self.delete(record.id)
-                gone.append(record.id)
+        records = self._all()
+        for session_id, record in records.items():
+            if record is not None and record.expires_at < now:
+                self.delete(session_id)
+                gone.append(session_id)
         if self.root.is_dir():
             for d in self.root.iterdir():
-                if d.name in recorded:
-                    continue
-                try:
-                    if time.time() - d.stat().st_mtime > 3600 and self._read(d.name) is None:
+                with contextlib.suppress(SessionNotFound, OSError):
+                    if d.name not in records and time.time() - d.stat().st_mtime > 3600:
                         self.delete(d.name)
-                except (SessionNotFound, ValueError, TypeError, OSError):
-                    continue
         return gone
 
 

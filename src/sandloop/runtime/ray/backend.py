@@ -466,8 +466,8 @@ class RayBackend:
     def remove_record(self, session_id: str) -> None:
         self._registry_call("remove_record", session_id)
 
-    def record_ids(self) -> list[str]:
-        return list(self._registry_call("record_ids"))
+    def all_records(self) -> dict[str, dict[str, Any]]:
+        return dict(self._registry_call("all_records"))
 
     def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef:
         node_id = self._session_node(session_id, pin=True)

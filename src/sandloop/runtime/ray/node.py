@@ -309,8 +309,8 @@ class Registry:
     def remove_record(self, session_id: str) -> None:
         self._records.pop(session_id, None)
 
-    def record_ids(self) -> list[str]:
-        return sorted(self._records)
+    def all_records(self) -> dict[str, dict[str, Any]]:
+        return dict(self._records)
 
     def put(self, session_id: str, node_id: str) -> None:
         self._where[session_id] = node_id
