@@ -16,19 +16,15 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import tempfile
 import threading
 import time
 from pathlib import Path
+from statistics import median as p50
 
 import httpx
 import uvicorn
 from _report import emit  # bench/ is the script's directory
-
-
-def p50(xs: list[float]) -> float:
-    return statistics.median(xs)
 
 
 def _serve(app: object) -> tuple[str, uvicorn.Server, threading.Thread]:

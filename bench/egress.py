@@ -17,10 +17,10 @@ import argparse
 import http.server
 import os
 import ssl
-import statistics
 import threading
 import time
 from pathlib import Path
+from statistics import median as p50
 
 import docker
 import trustme
@@ -60,10 +60,6 @@ def _fetch_program(ca: str, url: str) -> str:
         f"data = urllib.request.urlopen({url!r}, context=ctx, timeout=60).read()\n"
         "print(len(data), time.perf_counter() - t)\n"
     )
-
-
-def p50(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 def main() -> None:

@@ -16,19 +16,15 @@ figures say what N real hosts would do (each node's throughput adds up).
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from statistics import median as p50
 
 from _report import emit  # bench/ is the script's directory
 
 from sandloop import Sandloop, Settings
 from sandloop.testing.ray_cluster import LocalCluster
-
-
-def p50(xs: list[float]) -> float:
-    return statistics.median(xs)
 
 
 def burst(root: Sandloop, n: int, threads: int) -> tuple[float, list[str | None]]:

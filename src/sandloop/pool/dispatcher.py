@@ -46,6 +46,9 @@ def _close_all() -> None:
 class Dispatcher:
     def __init__(self, backend: DispatchBackend, settings: Settings | None = None) -> None:
         self.backend = backend
+        #: A backend whose nodes pool and admit their own sandboxes (Ray): each whole run goes
+        #: there in one call; nothing is pooled or admitted here.
+        self._delegates = bool(getattr(backend, "dispatches_runs", False))
         self.settings = settings or Settings()
         s = self.settings
         self.admission = Admission(s.max_running, s.max_creating, s.queue_wait_seconds)
@@ -64,9 +67,7 @@ class Dispatcher:
     # -- runs ---------------------------------------------------------------------------------
     def run(self, request: RunRequest, pool_size: int | None = None) -> ExecutionResult:
         started = time.monotonic()
-        if getattr(self.backend, "dispatches_runs", False):
-            # A backend whose nodes pool and admit their own sandboxes (Ray): the whole run goes
-            # there in one call; nothing is pooled here.
+        if self._delegates:
             return self.backend.run(request)
         with self.admission.running():
             pool = self.pool_for(request.spec, size=pool_size)
@@ -223,7 +224,7 @@ class Dispatcher:
         for pool in pools:
             pool.close()
         self._destroyer.shutdown(wait=True)
-        if getattr(self.backend, "dispatches_runs", False):
+        if self._delegates:
             return  # its nodes keep their own pools and reapers, shared with other drivers
         deadline = time.monotonic() + 10  # an overloaded engine; the reaper has the rest
         while self.backend.retry_removals() and time.monotonic() < deadline:

@@ -35,13 +35,10 @@ class ApiError(Exception):
 def error_for(exc: SandboxError) -> ApiError:
     code = exc.code
     # The engine's and image's troubles are the operator's, not the caller's: one code for them.
-    public = (
-        code
-        if code == "node_lost"
-        else "engine_unavailable"
-        if STATUS.get(code) == 503
-        else "not_found"
-        if code.endswith("not_found")
-        else code
-    )
+    # A lost node is the caller's to know (a new call goes to a live node), so it keeps its code.
+    public = code
+    if STATUS.get(code) == 503 and code != "node_lost":
+        public = "engine_unavailable"
+    elif code.endswith("not_found"):
+        public = "not_found"
     return ApiError(STATUS.get(code, 500), public, str(exc), retry_after=RETRY_AFTER.get(public))

@@ -87,11 +87,12 @@ class SessionStore:
     # -- records -------------------------------------------------------------------------------
     def _read(self, session_id: str) -> SessionRecord | None:
         """The record, ``None`` when there is none; a damaged one raises (ValueError, TypeError)."""
+        d = self._dir(session_id)  # refuses what is not a session id
         if self.shared is not None:
-            data = self.shared.get_record(self._dir(session_id).name)
+            data = self.shared.get_record(session_id)
             return None if data is None else SessionRecord(**data)
         try:
-            return SessionRecord(**json.loads((self._dir(session_id) / "session.json").read_text()))
+            return SessionRecord(**json.loads((d / "session.json").read_text()))
         except FileNotFoundError:
             return None
 

@@ -431,14 +431,14 @@ class RayBackend:
     def _session_node(self, session_id: str, pin: bool = False) -> str:
         """The node that holds the session; with ``pin``, a session the cluster does not know yet
         is pinned to the least busy usable node (its first sandbox decides where it lives)."""
-        node_id = self.ray.get(self._registry.get.remote(session_id), timeout=QUICK)
+        node_id = self._registry_call("get", session_id)
         if node_id is None:
             if not pin:
                 raise SessionLost(f"session {session_id} is not known to the cluster (was it made on another backend?)")
             nodes = self._usable()
             if not nodes:
                 raise SandboxBusy("no node of the cluster offers sandboxes")
-            self.ray.get(self._registry.put.remote(session_id, nodes[0]), timeout=QUICK)
+            self._registry_call("put", session_id, nodes[0])
             return nodes[0]
         if node_id not in self.node_ids():
             raise SessionLost(
@@ -447,8 +447,8 @@ class RayBackend:
             )
         return str(node_id)
 
-    # Session records live in the registry (``SharedRecords``): a driver on any host attaches.
     def _registry_call(self, method: str, *args: Any) -> Any:
+        """``method`` of the registry actor on the head, within ``QUICK`` seconds."""
         try:
             return self.ray.get(getattr(self._registry, method).remote(*args), timeout=QUICK)
         except (self.ray.exceptions.RayError, TimeoutError) as exc:
@@ -456,6 +456,7 @@ class RayBackend:
                 f"the cluster's session registry (on the head) did not answer {method}: {type(exc).__name__}"
             ) from None
 
+    # Session records live in the registry (``SharedRecords``): a driver on any host attaches.
     def get_record(self, session_id: str) -> dict[str, Any] | None:
         record: dict[str, Any] | None = self._registry_call("get_record", session_id)
         return record
@@ -481,9 +482,9 @@ class RayBackend:
         try:
             self._call(self._session_node(session_id), "delete_workspace", session_id)
         except SessionLost:  # its node is gone: that host removes the workspace when it returns
-            self.ray.get(self._registry.drop.remote(session_id), timeout=QUICK)
+            self._registry_call("drop", session_id)
             return
-        self.ray.get(self._registry.remove.remote(session_id), timeout=QUICK)
+        self._registry_call("remove", session_id)
 
     # -- housekeeping: every node's --------------------------------------------------------------
     def owned(self) -> list[Owned]:

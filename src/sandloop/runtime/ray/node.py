@@ -233,18 +233,18 @@ class NodeService:
             handle = self._handles.get(sandbox_id)
         return handle is not None and bool(self.root.backend.is_alive(handle))
 
-    def detach(self, sandbox_id: str) -> None:
+    def _release(self, sandbox_id: str) -> Any:
+        """Forget a held sandbox; its handle, if it was held."""
         with self._lock:
-            handle = self._handles.pop(sandbox_id, None)
             self._kernel_locks.pop(sandbox_id, None)
-        if handle is not None:
+            return self._handles.pop(sandbox_id, None)
+
+    def detach(self, sandbox_id: str) -> None:
+        if (handle := self._release(sandbox_id)) is not None:
             self.root.backend.detach(handle)
 
     def destroy(self, sandbox_id: str) -> None:
-        with self._lock:
-            handle = self._handles.pop(sandbox_id, None)
-            self._kernel_locks.pop(sandbox_id, None)
-        if handle is not None:
+        if (handle := self._release(sandbox_id)) is not None:
             self.root.backend.destroy(handle)
 
     def has_image(self, image: str) -> bool:
