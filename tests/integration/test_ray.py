@@ -267,6 +267,7 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
     engine), later runs go to the live node; when the node comes back its reaper removes what the
     lost one left."""
     session = root.create_session(quota="16m")
+    session.run_cell("kept = 1")  # its interpreter holds the workspace on the node
     session.close()
     victim = root.backend._session_node(session.id)
     survivor = next(n for n in root.backend.node_ids() if n != victim)
@@ -318,18 +319,28 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
     while time.monotonic() < deadline:
         if len(root.backend.node_ids()) == 2:
             root.backend.status()  # reaches the new node's actor: its reaper runs at start
-            if not _leftover_runs(t0) and not _volume_of(session.id):
+            if not _leftover_runs(t0) and not _volume_of(session.id) and not _containers_of(session.id):
                 break
         time.sleep(2)
     assert len(root.backend.node_ids()) == 2
     assert not _leftover_runs(t0)
     assert not _volume_of(session.id)
+    assert not _containers_of(session.id)  # its interpreter too
 
 
 def _volume_of(session_id: str) -> list[str]:
     client = docker.from_env()
     try:
         return [v.name for v in client.volumes.list(filters={"label": f"{SESSION_LABEL}={session_id}"})]
+    finally:
+        client.close()
+
+
+def _containers_of(session_id: str) -> list[str]:
+    client = docker.from_env()
+    try:
+        found = client.containers.list(all=True, sparse=True, filters={"label": f"{SESSION_LABEL}={session_id}"})
+        return [c.id for c in found]
     finally:
         client.close()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
 from rich.table import Table
@@ -17,7 +17,7 @@ def cluster_status(
 ) -> None:
     """List the nodes that offer sandboxes: capacity, warm pool, runs in flight, image. Needs
     SANDLOOP_BACKEND=ray (and RAY_ADDRESS, or a local cluster)."""
-    from sandloop.contract import SandboxError
+    from sandloop.contract import SandboxError, SandboxLimits
     from sandloop.root import default_root
 
     try:
@@ -37,6 +37,8 @@ def cluster_status(
     if as_json:
         out.print_json(json.dumps(nodes, default=str))
         return
+    # The runtimes a run can ask for (the engine also lists its internal ones).
+    offered = get_args(SandboxLimits.model_fields["runtime"].annotation)
     table = Table("node", "host", "backend", "runtimes", "running / max", "warm", "runs", "image")
     for n in nodes:
         pools = (n.get("pool") or {}).get("pools") or {}
@@ -46,7 +48,7 @@ def cluster_status(
             str(n.get("node_id", ""))[:12],
             str(n.get("host", "-")),
             str(n.get("backend", "-")),
-            ", ".join(n.get("runtimes") or []) or "-",
+            ", ".join(r for r in n.get("runtimes") or [] if r in offered) or "-",
             f"{n.get('running', '-')} / {n.get('max_running', '-')}",
             str(warm),
             str(n.get("runs", "-")),

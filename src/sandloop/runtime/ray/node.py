@@ -124,6 +124,9 @@ class NodeService:
         for item in self.root.backend.owned():
             session = item.labels.get(SESSION_LABEL)
             if item.kind == "workspace" and session in dropped:
+                # Its interpreter still holds the workspace: it goes first (found by hand: a
+                # session with a kernel kept its volume and its interpreter after the node returned).
+                self.root.backend.remove_labelled(SESSION_LABEL, session)
                 self.root.backend.delete_workspace(session)
 
     # -- coarse runs (the node's own warm pool) -------------------------------------------------
