@@ -8,11 +8,12 @@ import os
 from importlib import resources
 from typing import Any
 
-from docker.types import LogConfig, Mount, Ulimit
+from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 from sandloop.contract import SandboxLimits
 from sandloop.runtime.base import SandboxSpec
 from sandloop.runtime.egress.proxy import SANDBOX_DIR, sandbox_env
 from sandloop.runtime.labels import owner_labels
+from sandloop.runtime.tmpfs import host_tmpfs_needed, tmp_options
 
 #: The environment every sandbox gets. Nothing from the host's environment is passed in.
 SANDBOX_ENV = {
@@ -73,6 +74,14 @@ def container_config(
         # (Under runc RLIMIT_NPROC would count every uid-65534 process on the host: not used.)
         ulimits.append(Ulimit(name="nproc", soft=limits.pids, hard=limits.pids))
         pids_limit = limits.pids * 8 + 128
+    tmpfs: dict[str, str] = {}
+    if host_tmpfs_needed(limits):
+        # gVisor's own tmpfs ignores nr_inodes (runtime/tmpfs.py): an anonymous local volume is a
+        # host tmpfs with every option, removed with the container (remove_container(v=True)).
+        options = {"type": "tmpfs", "device": "tmpfs", "o": f"{tmp_options(limits)},nosuid,nodev"}
+        mounts.append(Mount("/tmp", None, type="volume", driver_config=DriverConfig("local", options)))
+    else:
+        tmpfs["/tmp"] = f"rw,nosuid,nodev,{tmp_options(limits)}"
     host_config = api.create_host_config(
         network_mode="bridge" if limits.network else "none",
         mem_limit=limits.memory_bytes,
@@ -80,7 +89,7 @@ def container_config(
         nano_cpus=int(limits.cpus * 1e9),
         pids_limit=pids_limit,
         read_only=limits.read_only,
-        tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_bytes},nr_inodes={limits.tmpfs_inodes},mode=1777"},
+        tmpfs=tmpfs,
         cap_drop=["ALL"],
         security_opt=["no-new-privileges:true", *seccomp_options(limits.seccomp)],
         ipc_mode="private",

@@ -51,9 +51,10 @@ from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.docker import DockerBackend, LiveSandbox
 from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
-from sandloop.runtime.oci.config import Templates, docker_bundle_config, parity_problems, render
+from sandloop.runtime.oci.config import Templates, binds_host_tmp, docker_bundle_config, parity_problems, render
 from sandloop.runtime.oci.store import RootfsStore
 from sandloop.runtime.oci.stream import PipeChannel
+from sandloop.runtime.tmpfs import mount_host_tmpfs, unmount_host_tmpfs
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,14 @@ def _cgroup_dirs(sandbox_id: str) -> list[Path]:
     return [p for p in (c / CGROUP_PARENT / sandbox_id for c in base.iterdir()) if p.is_dir()]
 
 
+#: The host tmpfs that is a runsc sandbox's /tmp, inside its bundle (runtime/tmpfs.py).
+HOST_TMP = "tmp"
+
+
 def _remove_tree(path: Path) -> None:
-    """rmtree that also survives a file appearing meanwhile (the runtime's last log line)."""
+    """rmtree that also survives a file appearing meanwhile (the runtime's last log line); a
+    bundle's host tmpfs is detached first (rmtree would only empty it)."""
+    unmount_host_tmpfs(path / HOST_TMP)
     for _ in range(3):
         shutil.rmtree(path, ignore_errors=True)
         if not path.exists():
@@ -186,7 +193,7 @@ class OCIBackend:
                     sandbox_id = bundle.name.lstrip(".")
                     for runtime in DIRECT_RUNTIMES:
                         self._delete(sandbox_id, runtime)
-                    shutil.rmtree(bundle, ignore_errors=True)
+                    _remove_tree(bundle)
                     removed.append(bundle.name)
                     continue
                 known.add(bundle.name)
@@ -227,7 +234,9 @@ class OCIBackend:
 
     def _salt(self) -> str:
         raw = self.docker.engine_info()
-        seccomp = resources.files("sandloop.runtime.docker").joinpath("seccomp.json").read_bytes()
+        # The profile and the code that shapes Docker's config: a change to either is a new template.
+        docker_dir = resources.files("sandloop.runtime.docker")
+        seccomp = b"".join(docker_dir.joinpath(name).read_bytes() for name in ("seccomp.json", "hardening.py"))
         try:  # the installed distribution's version (importing the package root would run upward)
             version = importlib.metadata.version("sandloop")
         except importlib.metadata.PackageNotFoundError:
@@ -331,20 +340,28 @@ class OCIBackend:
         runtime = spec.limits.runtime
         sandbox_id = f"sandloop-{uuid.uuid4().hex[:20]}"
         labels = {**owner_labels(purpose, lifetime_seconds), **dict(spec.labels), RUNTIME_LABEL: runtime}
+        bundles = self.state / "bundles"
+        bundle = bundles / sandbox_id
+        host_tmp = bundle / HOST_TMP if binds_host_tmp(template) else None
         config = render(
             template,
             rootfs=rootfs,
             hostname_file=self._hostname_file(),
             cgroups_path=f"/{CGROUP_PARENT}/{sandbox_id}",
             annotations=labels,
+            host_tmp=host_tmp,
         )
-        bundles = self.state / "bundles"
         bundles.mkdir(parents=True, exist_ok=True)
         tmp = bundles / f".{sandbox_id}"
         tmp.mkdir(mode=0o700)
         (tmp / "config.json").write_text(json.dumps(config))
-        bundle = bundles / sandbox_id
         tmp.rename(bundle)
+        if host_tmp is not None:
+            try:
+                mount_host_tmpfs(host_tmp, spec.limits)
+            except BaseException:
+                _remove_tree(bundle)
+                raise
         argv = [
             *self._runtimes[runtime],
             "--root",
@@ -365,7 +382,7 @@ class OCIBackend:
             try:
                 self._own_memory_cgroup(sandbox_id, config)
             except BaseException:
-                shutil.rmtree(bundle, ignore_errors=True)
+                _remove_tree(bundle)
                 raise
             argv = [sys.executable, "-S", "-E", SUBREAPER, *argv]
         in_r, in_w = os.pipe()
@@ -376,7 +393,7 @@ class OCIBackend:
         except OSError as exc:
             for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
                 os.close(fd)
-            shutil.rmtree(bundle, ignore_errors=True)
+            _remove_tree(bundle)
             raise SandboxError(f"could not start {runtime}: {exc}") from exc
         for fd in (in_r, out_w, err_w):
             os.close(fd)

@@ -24,7 +24,19 @@ from sandloop.runtime.base import SandboxSpec
 
 #: Fields a rendered config may differ from Docker's in: where the root and the hostname file
 #: are, which cgroup, and the labels as annotations. Everything else is Docker's, byte for byte.
-PER_RUN_FIELDS = ("root.path", "mounts[/etc/hostname].source", "linux.cgroupsPath", "annotations")
+#: Under runsc ``/tmp`` is a host tmpfs bound in (runtime/tmpfs.py): Docker's is its volume's, ours
+#: the bundle's own.
+PER_RUN_FIELDS = (
+    "root.path",
+    "mounts[/etc/hostname].source",
+    "mounts[/tmp].source",
+    "linux.cgroupsPath",
+    "annotations",
+)
+
+#: Destinations Docker's config may bind a host path to: the hostname file, and the host tmpfs
+#: that stands for ``/tmp`` under gVisor.
+PER_RUN_BINDS = ("/etc/hostname", "/tmp")
 
 #: Where Docker's containerd keeps each running container's bundle.
 BUNDLE_GLOBS = (
@@ -43,13 +55,25 @@ def docker_bundle_config(container_id: str) -> dict[str, Any] | None:
 
 
 def render(
-    template: Mapping[str, Any], *, rootfs: Path, hostname_file: Path, cgroups_path: str, annotations: Mapping[str, str]
+    template: Mapping[str, Any],
+    *,
+    rootfs: Path,
+    hostname_file: Path,
+    cgroups_path: str,
+    annotations: Mapping[str, str],
+    host_tmp: Path | None = None,
 ) -> dict[str, Any]:
+    """The template with the per-run fields filled in (``host_tmp``: the host tmpfs that is this
+    sandbox's ``/tmp``, when Docker's config binds one)."""
     config = copy.deepcopy(dict(template))
     config["root"]["path"] = str(rootfs)
     for mount in config.get("mounts", []):
         if mount.get("destination") == "/etc/hostname":
             mount["source"] = str(hostname_file)
+        elif mount.get("destination") == "/tmp" and mount.get("type") == "bind":
+            if host_tmp is None:
+                raise SandboxError("Docker's config binds a host tmpfs at /tmp, and none was made for this run")
+            mount["source"] = str(host_tmp)
     config["linux"]["cgroupsPath"] = cgroups_path
     config["annotations"] = dict(annotations)
     return config
@@ -91,8 +115,8 @@ def parity_problems(template: Mapping[str, Any]) -> list[str]:
         problems.append("Docker applies an SELinux label")
     if any(ns.get("path") for ns in template.get("linux", {}).get("namespaces", [])):
         problems.append("the config joins an existing namespace")
-    if any(m.get("type") == "bind" and m.get("destination") != "/etc/hostname" for m in template.get("mounts", [])):
-        problems.append("the config binds host paths other than /etc/hostname")
+    if any(m.get("type") == "bind" and m.get("destination") not in PER_RUN_BINDS for m in template.get("mounts", [])):
+        problems.append("the config binds host paths other than /etc/hostname and /tmp")
     return problems
 
 
@@ -134,3 +158,8 @@ class Templates:
                 tmp.rename(path)
             self._memory[spec] = found
             return found
+
+
+def binds_host_tmp(template: Mapping[str, Any]) -> bool:
+    """Whether ``/tmp`` in Docker's config is a host directory (a host tmpfs under gVisor)."""
+    return any(m.get("destination") == "/tmp" and m.get("type") == "bind" for m in template.get("mounts", []))
