@@ -167,3 +167,18 @@ def test_watch_an_agent_run_stream_in(page, provider):
     log = page.inner_text("#agent-log")
     assert "Let me compute." in log and "print(sum(range(101)))" in log and "5050" in log
     assert "answer (answered, 2 turns): The sum is 5050." in log
+
+
+def test_the_api_docs_render_with_their_operations(page, tmp_path):
+    """/docs (Swagger UI from this server) reads the server's OpenAPI 3.1 schema: operations are
+    listed, not "Unable to render this definition"."""
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(page.base_url + "/docs")
+    runs = page.locator(".opblock", has_text="/v1/runs").first
+    expect(runs).to_be_visible(timeout=30_000)
+    assert page.locator(".opblock").count() > 10
+    assert "Unable to render" not in page.inner_text("body")
+    assert page.locator(".info .title").inner_text().startswith("sandloop")
+    shot(page, tmp_path, "api-docs")
+    assert errors == []

@@ -94,7 +94,7 @@ def test_pool_discards_dead_sandboxes_and_recovers(warm):
     api = warm.backend.api
     for cid in list(warm.pooled_ids()):
         api.kill(cid)
-    time.sleep(0.5)
+        api.wait(cid, timeout=60)  # dead on the engine, not assumed dead after a pause
     r = warm.run(build_request("print('fresh')"))
     assert r.stdout == "fresh\n" and r.ok
     assert list(warm.stats()["pools"].values())[0]["discarded"] >= 1

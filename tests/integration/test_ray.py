@@ -288,8 +288,11 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
     threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-        time.sleep(0.3)
-    time.sleep(4)  # all four are sleeping inside their sandboxes
+    # all four inside their sandboxes (observed on the engine, not assumed after a pause)
+    deadline = time.monotonic() + 60
+    while len(_leftover_runs(t0, running=True)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(_leftover_runs(t0, running=True)) == 4
     ray_cluster.kill_node(ray_cluster.node_index(victim))
     killed = time.monotonic()
     for t in threads:
@@ -345,12 +348,13 @@ def _containers_of(session_id: str) -> list[str]:
         client.close()
 
 
-def _leftover_runs(since: float) -> list[str]:
-    """Run containers (running or not) made since ``since``: a finished run's is removed at once."""
+def _leftover_runs(since: float, running: bool = False) -> list[str]:
+    """Run containers (running or not, or ``running`` only) made since ``since``: a finished run's
+    is removed at once."""
     client = docker.from_env()
     try:
         # sparse: one listing, no inspect per container (one removed meanwhile would be a 404)
-        found = client.containers.list(all=True, sparse=True, filters={"label": f"{LABEL_PREFIX}purpose=run"})
+        found = client.containers.list(all=not running, sparse=True, filters={"label": f"{LABEL_PREFIX}purpose=run"})
         created = f"{LABEL_PREFIX}created"
         return [c.id for c in found if float((c.attrs.get("Labels") or {}).get(created, "0")) >= since - 1]
     finally:

@@ -23,10 +23,8 @@ def test_open_fails_fast_then_recovers_and_runs_recovery_once():
     breaker.check()  # closed: nothing happens
     breaker.failed(EngineUnavailable("the Docker engine did not answer (ConnectionError). Start it"))
     breaker.failed(EngineUnavailable("again"))  # already open: one prober, one opening
-    started = time.monotonic()
     with pytest.raises(EngineUnavailable, match="not answering .*resumes by itself"):
-        breaker.check()
-    assert time.monotonic() - started < 0.05  # no engine call, no wait
+        breaker.check()  # no engine call, no wait: answered from the breaker's state
     time.sleep(0.2)
     assert breaker.is_open and not recovered  # still away: probing
     up.set()

@@ -91,7 +91,9 @@ def test_admission_says_busy_instead_of_hanging(tmp_path):
     with Sandloop(settings) as root:
         slow = threading.Thread(target=root.run_code, args=("import time; time.sleep(2)",))
         slow.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while root.dispatcher.stats()["in_flight"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the slow run holds the one slot (observed, not assumed)
         started = time.monotonic()
         with pytest.raises(SandboxBusy, match="SANDLOOP_MAX_RUNNING"):
             root.run_code("print(1)")

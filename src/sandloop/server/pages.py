@@ -18,12 +18,14 @@ def add_pages(app: FastAPI, api: Api, metrics_access: Literal["open", "token", "
     static = resources.files("sandloop.server").joinpath("static")
     page = static.joinpath("index.html").read_text()
     try:
-        import swagger_ui_bundle
+        # Swagger UI 5 (fastapi-offline's copy, no CDN): FastAPI's schema is OpenAPI 3.1, which
+        # Swagger UI 4 cannot read ("does not specify a valid version field").
+        swagger_ui = resources.files("fastapi_offline").joinpath("static")
 
         # Before /static, which would otherwise match these paths first.
-        app.mount("/static/swagger", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="swagger")
+        app.mount("/static/swagger", StaticFiles(directory=str(swagger_ui)), name="swagger")
         docs_page = static.joinpath("docs.html").read_text()
-    except ImportError:  # pragma: no cover - the server extra installs it
+    except ModuleNotFoundError:  # pragma: no cover - the server extra installs it
         docs_page = "<p>Swagger UI is not installed (pip install 'sandloop[server]'); the spec is at /openapi.json</p>"
     app.mount("/static", StaticFiles(packages=[("sandloop.server", "static")]), name="static")
 
