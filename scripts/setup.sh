@@ -1,47 +1,79 @@
 #!/usr/bin/env bash
-# Everything a fresh machine needs: a Docker engine (with gVisor), the virtualenv, the runtime image.
-# Idempotent: re-running it only redoes what is missing or out of date.
+# What a fresh machine needs. Idempotent: re-running it only redoes what is missing or out of date.
+#
+#   scripts/setup.sh          running (make run): the engine (with gVisor), the venv, the image
+#   scripts/setup.sh --dev    the tests too (make test): the above, then the dev extras, Debian's
+#                             chromium for the browser tests, the oldest E2B SDKs in their own venv
+#
+# One progress line per step, with how long it took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
 VENV="${SANDLOOP_VENV:-.venv}"
+DEV=0
+[ "${1:-}" = "--dev" ] && DEV=1
+STEPS=3
+[ "$DEV" = 1 ] && STEPS=6
 
+step=0
+began=$SECONDS
+started=$SECONDS
+next() {  # next "what this step does"
+    [ "$step" -gt 0 ] && printf 'setup: ... done in %ss\n' "$((SECONDS - started))" >&2
+    step=$((step + 1))
+    started=$SECONDS
+    printf 'setup [%s/%s] %s\n' "$step" "$STEPS" "$*" >&2
+}
+pip_quiet() { "$@" 2>&1 | grep -v '^WARNING: Location' || true; }
+
+next "Docker engine and gVisor (scripts/engine-up.sh)"
 bash scripts/engine-up.sh
 
-# Debian's Chromium for the playground's browser tests (Playwright drives it; nothing is downloaded).
-if ! command -v chromium >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "setup: installing Debian's chromium for the browser tests" >&2
-        apt-get update -q >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
-    else
-        echo "setup: chromium not found; the playground's browser tests will fail (apt-get install chromium)" >&2
-    fi
-fi
-
+next "virtualenv $VENV with sandloop"
 if [ ! -x "$VENV/bin/python" ]; then
-    echo "setup: creating $VENV" >&2
     "$PYTHON" -m venv "$VENV"
 fi
 stamp="$VENV/.sandloop-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    echo "setup: installing sandloop and its dev dependencies into $VENV" >&2
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v '^WARNING: Location' || true
-    "$VENV/bin/python" -c "import sandloop, docker, pytest" # fail here, not later, if the install broke
+    # What running needs: the CLI, the HTTP server (sandloop serve) and MCP; not the test tools.
+    pip_quiet "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[server,mcp]"
+    "$VENV/bin/python" -c "import sandloop, docker" # fail here, not later, if the install broke
     touch "$stamp"
 fi
 
-# The oldest E2B SDKs sandloop's E2B-compatible API supports, in a venv of their own (the tests
-# drive them from there; the newest are in the dev extras).
-OLD_E2B="${SANDLOOP_OLD_E2B_VENV:-.venv-e2b-old}"
-if [ ! -f "$OLD_E2B/.installed-2.26.0-2.9.0" ]; then
-    echo "setup: creating $OLD_E2B (e2b 2.26.0, e2b-code-interpreter 2.9.0)" >&2
-    "$PYTHON" -m venv "$OLD_E2B"
-    "$OLD_E2B/bin/pip" install --quiet --disable-pip-version-check "e2b==2.26.0" "e2b-code-interpreter==2.9.0" 2>&1 \
-        | grep -v '^WARNING: Location' || true
-    "$OLD_E2B/bin/python" -c "import e2b_code_interpreter"
-    touch "$OLD_E2B/.installed-2.26.0-2.9.0"
-fi
-
+next "runtime image (sandloop images build; offline, about a minute the first time)"
 "$VENV/bin/sandloop" images build
+
+if [ "$DEV" = 1 ]; then
+    next "dev dependencies into $VENV (pytest, the SDKs the tests drive, ruff, mypy)"
+    dev_stamp="$VENV/.sandloop-installed-dev"
+    if [ ! -f "$dev_stamp" ] || [ pyproject.toml -nt "$dev_stamp" ]; then
+        pip_quiet "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[dev]"
+        "$VENV/bin/python" -c "import sandloop, docker, pytest"
+        touch "$dev_stamp"
+    fi
+
+    # Debian's Chromium for the playground's browser tests (Playwright drives it; nothing is downloaded).
+    next "Debian's chromium for the browser tests"
+    if ! command -v chromium >/dev/null 2>&1; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            apt-get update -q >/dev/null
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
+        else
+            echo "setup: chromium not found; the playground's browser tests will fail (apt-get install chromium)" >&2
+        fi
+    fi
+
+    # The oldest E2B SDKs sandloop's E2B-compatible API supports, in a venv of their own (the tests
+    # drive them from there; the newest are in the dev extras).
+    OLD_E2B="${SANDLOOP_OLD_E2B_VENV:-.venv-e2b-old}"
+    next "$OLD_E2B: the oldest E2B SDKs (e2b 2.26.0, e2b-code-interpreter 2.9.0)"
+    if [ ! -f "$OLD_E2B/.installed-2.26.0-2.9.0" ]; then
+        "$PYTHON" -m venv "$OLD_E2B"
+        pip_quiet "$OLD_E2B/bin/pip" install --quiet --disable-pip-version-check "e2b==2.26.0" "e2b-code-interpreter==2.9.0"
+        "$OLD_E2B/bin/python" -c "import e2b_code_interpreter"
+        touch "$OLD_E2B/.installed-2.26.0-2.9.0"
+    fi
+fi
+printf 'setup: ... done in %ss; all set up in %ss\n' "$((SECONDS - started))" "$((SECONDS - began))" >&2

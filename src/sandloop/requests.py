@@ -36,10 +36,12 @@ def _as_bytes(value: str | bytes | None, what: str, limit: int) -> bytes:
 
 def check_timeout(timeout_seconds: float) -> float:
     if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int | float):
-        raise InvalidArgument(f"timeout_seconds must be a number, got {type(timeout_seconds).__name__}")
+        why = f"must be a number of seconds, got {type(timeout_seconds).__name__}"
+        raise InvalidArgument(f"timeout_seconds {why}", (("timeout_seconds", why),))
     t = float(timeout_seconds)
     if not math.isfinite(t) or t <= 0 or t > MAX_TIMEOUT_SECONDS:
-        raise InvalidArgument(f"timeout_seconds must be > 0 and <= {MAX_TIMEOUT_SECONDS}, got {timeout_seconds!r}")
+        why = f"must be more than 0 and at most {MAX_TIMEOUT_SECONDS} seconds, got {timeout_seconds!r}"
+        raise InvalidArgument(f"timeout_seconds {why}", (("timeout_seconds", why),))
     return t
 
 

@@ -12,19 +12,23 @@ from rich.table import Table
 from sandloop import languages
 from sandloop.cli.common import (
     _CODE_OPTION,
-    EXIT_SANDBOX,
+    _OUTPUT_LIMIT_OPTION,
     SECRET_HELP,
+    Streamer,
     _exit_for,
     _fail,
+    _fail_for,
     _print_result,
     _program,
     _program_stdin,
     app,
     err,
+    error_text,
     out,
+    output_limit_bytes,
     parse_secrets,
 )
-from sandloop.contract import InvalidArgument, SandboxError, SandboxLimits, UnknownLanguage
+from sandloop.contract import SandboxError, SandboxLimits
 
 
 @app.command()
@@ -61,9 +65,11 @@ def run(
             "program's stdin, unless the program itself came from stdin.",
         ),
     ] = None,
+    output_limit: Annotated[str | None, _OUTPUT_LIMIT_OPTION] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole result as JSON on stdout.")] = False,
 ) -> None:
-    """Run a program in a fresh sandbox: `sandloop run hello.py`, `echo 'print(6*7)' | sandloop run`."""
+    """Run a program in a fresh sandbox: `sandloop run hello.py`, `echo 'print(6*7)' | sandloop run`.
+    Its output is written as it arrives."""
     from sandloop.root import configure
     from sandloop.runner import run_code
     from sandloop.settings import Settings
@@ -73,15 +79,23 @@ def run(
     source, lang, stdin_taken = _program(file, code, language)
     stdin_data = _program_stdin(input_file, stdin_taken)
     secrets = parse_secrets(secret)
+    kept = output_limit_bytes(output_limit)
+    streamer = None if as_json else Streamer()
     try:
-        limits = SandboxLimits(memory=memory, cpus=cpus, network=network, runtime=runtime, egress=tuple(allow or ()))
-        result = run_code(source, lang, timeout, limits=limits, stdin=stdin_data, secrets=secrets)
+        limits = SandboxLimits(
+            memory=memory,
+            cpus=cpus,
+            network=network,
+            runtime=runtime,
+            egress=tuple(allow or ()),
+            **({"output_limit": kept} if kept is not None else {}),
+        )
+        result = run_code(source, lang, timeout, limits=limits, stdin=stdin_data, secrets=secrets, on_output=streamer)
     except SandboxError as exc:
         if as_json:
             print(json.dumps({"code": exc.code, "message": str(exc)}))
-        usage = isinstance(exc, InvalidArgument | UnknownLanguage)  # the caller's to fix, like a bad option
-        raise _fail(str(exc), 2 if usage else EXIT_SANDBOX) from None
-    _print_result(result, as_json)
+        raise _fail_for(exc) from None
+    _print_result(result, as_json, streamer)
     raise _exit_for(result)
 
 
@@ -146,7 +160,7 @@ def agent(
         limits = SandboxLimits(memory=memory, runtime=runtime, egress=tuple(allow or ()))
         client = make_client(provider, model or DEFAULT_MODELS[provider], base_url=base_url)
     except (SandboxError, ProviderError) as exc:
-        raise _fail(str(exc), 2) from None
+        raise _fail(error_text(exc) if isinstance(exc, SandboxError) else str(exc), 2) from None
     view = None if as_json else AgentView(err)
     try:
         result = run_agent(
@@ -161,7 +175,7 @@ def agent(
     except ProviderError as exc:
         raise _fail(f"the model provider failed: {exc}", 1) from None
     except SandboxError as exc:
-        raise _fail(str(exc)) from None
+        raise _fail_for(exc) from None
     if save is not None:
         save_jsonl(result.transcript, save)
     if as_json:
@@ -183,7 +197,7 @@ def reap(
     try:
         report = default_root().reap(dry_run=dry_run)
     except SandboxError as exc:
-        raise _fail(str(exc)) from None
+        raise _fail_for(exc) from None
     from sandloop.pool.reaper import STUCK_ADVICE
 
     table = Table("kind", "id", "purpose", "owner", "reason")

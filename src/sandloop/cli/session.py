@@ -10,14 +10,18 @@ from rich.table import Table
 
 from sandloop.cli.common import (
     _CODE_OPTION,
+    _OUTPUT_LIMIT_OPTION,
     SECRET_HELP,
+    Streamer,
     _exit_for,
     _fail,
+    _fail_for,
     _print_result,
     _program,
     _program_stdin,
     err,
     out,
+    output_limit_bytes,
     parse_secrets,
     session_app,
 )
@@ -37,7 +41,7 @@ def _session(session_id: str) -> Session:
     try:
         return Session.attach(session_id)
     except SandboxError as exc:
-        raise _fail(str(exc)) from None
+        raise _fail_for(exc) from None
 
 
 @session_app.command("create")
@@ -58,7 +62,7 @@ def session_create(
         limits = SandboxLimits(memory=memory, runtime=runtime, egress=tuple(allow or ()))
         s = Session.create(limits, ttl=ttl, quota=quota)
     except SandboxError as exc:
-        raise _fail(str(exc)) from None
+        raise _fail_for(exc) from None
     s.close()
     out.print(s.id)
 
@@ -95,18 +99,22 @@ def session_run(
     input_file: Annotated[
         Path | None, typer.Option("--stdin", help="File whose content is the program's stdin.")
     ] = None,
+    output_limit: Annotated[str | None, _OUTPUT_LIMIT_OPTION] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Run a program in a fresh process with the session's workspace as working directory:
-    `session run SID script.py`, `session run SID -c 'ls -la' -l bash`."""
+    `session run SID script.py`, `session run SID -c 'ls -la' -l bash`. Output is written as it arrives."""
     source, lang, stdin_taken = _program(file, code, language)
     stdin_data = _program_stdin(input_file, stdin_taken)
+    kept = output_limit_bytes(output_limit)
+    streamer = None if as_json else Streamer()
     try:
         with _session(session_id) as s:  # an attached session: `with` only detaches
-            result = s.run(source, lang, timeout, stdin=stdin_data)
+            limits = None if kept is None else SandboxLimits(**{**s.limits.model_dump(), "output_limit": kept})
+            result = s.run(source, lang, timeout, stdin=stdin_data, limits=limits, on_output=streamer)
     except SandboxError as exc:
-        raise _fail(str(exc)) from None
-    _print_result(result, as_json)
+        raise _fail_for(exc) from None
+    _print_result(result, as_json, streamer)
     raise _exit_for(result)
 
 
@@ -129,19 +137,22 @@ def session_cell(
     artifacts_dir: Annotated[
         Path | None, typer.Option("--artifacts", help="Save charts into this directory (never overwriting).")
     ] = None,
+    output_limit: Annotated[str | None, _OUTPUT_LIMIT_OPTION] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     secret: Annotated[list[str] | None, typer.Option("--secret", help=SECRET_HELP)] = None,
 ) -> None:
     """Run a cell in the session's stateful interpreter; prints the last expression's value:
-    `session cell SID -c 'df.describe()'`, `session cell SID analysis.py`."""
+    `session cell SID -c 'df.describe()'`, `session cell SID analysis.py`. Output is written as it arrives."""
     source, _, _ = _program(file, code, "python")
     secrets = parse_secrets(secret)
+    kept = output_limit_bytes(output_limit)
+    streamer = None if as_json else Streamer()
     try:
         with _session(session_id) as s:
-            result = s.run_cell(source, timeout, secrets=secrets)
+            result = s.run_cell(source, timeout, secrets=secrets, on_output=streamer, output_limit=kept)
     except SandboxError as exc:
-        raise _fail(str(exc)) from None
-    _print_result(result, as_json)
+        raise _fail_for(exc) from None
+    _print_result(result, as_json, streamer)
     if result.value is not None and not as_json:
         print(result.value)
     for art in result.artifacts:
@@ -175,15 +186,14 @@ def session_cp(
         if r_dst:
             with _session(r_dst[0]) as s:
                 local = Path(src)
+                # As cp: into a directory (DST ends in '/', or is '.') a file or a tree keeps its
+                # name (the way a download keeps it); otherwise DST is its new name.
+                into = r_dst[1].endswith("/") or r_dst[1] in (".", "")
+                target = r_dst[1].rstrip("/") + "/" + local.resolve().name if into else r_dst[1]
                 if local.is_dir():
-                    info = s.upload(local, r_dst[1])
-                    out.print(f"uploaded {info['files']} files ({info['bytes']} bytes)")
+                    info = s.upload(local, target)
+                    out.print(f"uploaded {info['files']} files ({info['bytes']} bytes) to {s.id}:{target}")
                 else:
-                    target = (
-                        r_dst[1].rstrip("/") + "/" + local.name
-                        if r_dst[1].endswith("/") or r_dst[1] == "."
-                        else r_dst[1]
-                    )
                     out.print(f"wrote {s.write_file(target, local.read_bytes())} bytes to {s.id}:{target}")
         else:
             assert r_src is not None
@@ -202,8 +212,10 @@ def session_cp(
                     with tarfile.open(fileobj=io.BytesIO(s.download(r_src[1])), mode="r:gz") as tar:
                         tar.extractall(dst, filter="data")
                     out.print(f"extracted {r_src[1]} into {dst}")
-    except (SandboxError, OSError) as exc:
-        raise _fail(str(exc)) from None
+    except SandboxError as exc:
+        raise _fail_for(exc) from None
+    except OSError as exc:  # the local side: no such file, no permission
+        raise _fail(f"{exc.filename or src}: {exc.strerror or exc}", 1) from None
 
 
 @session_app.command("rm")

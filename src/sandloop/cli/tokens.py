@@ -79,25 +79,40 @@ def tokens_ls(
         for t, used in rows:
             print(json.dumps({**dataclasses.asdict(t), "usage_today": dataclasses.asdict(used)}))
         return
-    table = Table(
-        "id", "name", "state", "ops/min", "at once", "memory", "timeout", "sessions", "workspace", "agent today"
-    )
-    for t, used in rows:
-        table.add_row(
+    header = ("id", "name", "state", "ops/min", "at once", "memory", "timeout", "sessions", "workspace", "agent today")
+    lines = [
+        (
             t.id,
             t.name,
             "revoked" if t.revoked else "active",
             str(t.runs_per_minute),
             str(t.max_concurrent),
             t.max_memory,
-            f"{t.max_timeout:g}",
+            f"{t.max_timeout:g}s",
             str(t.max_sessions),
             t.max_workspace,
             f"{used.agent_runs}/{t.agent_runs_per_day} runs, {used.model_tokens}/{t.agent_tokens_per_day} tokens",
         )
-    # Ids are what `revoke` takes: never let the terminal's width cut them.
+        for t, used in rows
+    ]
+    if not out.is_terminal:  # piped: one tab-separated line per token, nothing cut (grep, cut, awk)
+        for line in (header, *lines):
+            print("\t".join(line))
+        return
+    # At a terminal of any width: the ceilings in one column that wraps between them, every value
+    # whole (a long name folds onto a second line rather than being cut to "new…"); ids are what
+    # `revoke` takes, so they never wrap.
+    table = Table("id", "name", "state", "limits", "agent today", box=None, pad_edge=False, header_style="bold")
+    for column in table.columns:
+        column.overflow = "fold"
     table.columns[0].no_wrap = True
-    table.columns[0].min_width = 16
+    table.columns[2].no_wrap = True
+    for t_id, name, state, ops, at_once, memory, timeout, sessions, workspace, agent in lines:
+        limits = (
+            f"{ops} ops/min, {at_once} at once, memory {memory}, timeout {timeout}, "
+            f"{sessions} sessions, workspace {workspace}"
+        )
+        table.add_row(t_id, name, state, limits, agent)
     out.print(table)
 
 

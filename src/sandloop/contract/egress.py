@@ -41,6 +41,13 @@ def normalize_rule(rule: str) -> str:
     """``'PyPI.org.'`` -> ``'pypi.org'``; raises ``ValueError`` with what is wrong."""
     if not isinstance(rule, str) or not rule.strip():
         raise ValueError("an egress rule is a hostname like 'pypi.org', '*.example.com' or 'host:443'")
+    if "://" in rule or "/" in rule:
+        from urllib.parse import urlsplit
+
+        netloc = urlsplit(rule if "://" in rule else f"//{rule}").netloc or rule.split("/", 1)[0]
+        raise ValueError(
+            f"egress rule {rule!r} is a URL or a path: give a host name (and an optional :port), e.g. {netloc!r}"
+        )
     host, port = _split(rule)
     try:
         ip = ipaddress.ip_address(host)

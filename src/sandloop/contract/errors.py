@@ -62,13 +62,21 @@ class UnknownLanguage(SandboxError):
 
 
 class InvalidArgument(SandboxError, ValueError):
-    """A value passed to the API is invalid."""
+    """A value passed to the API is invalid.
+
+    ``problems`` names each bad value by its parameter (``("timeout_seconds", "must be ...")``),
+    so a front end can say it in its own words (the CLI's ``--timeout``, the API's JSON field)
+    without reading the message."""
 
     code = "invalid_argument"
 
+    def __init__(self, message: str, problems: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems
+
 
 class InvalidLimits(InvalidArgument):
-    """A ``SandboxLimits`` value is out of range."""
+    """A ``SandboxLimits`` value is out of range (``problems``: each field and what is wrong)."""
 
     code = "invalid_limits"
 

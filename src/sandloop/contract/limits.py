@@ -43,6 +43,22 @@ def format_size(n: int) -> str:
     return f"{n}b"
 
 
+def _problem(err: Any) -> tuple[str, str]:
+    """One pydantic error as (field, what is wrong) in plain words: our validators' own sentence
+    (without pydantic's "Value error, "), or pydantic's with the value that was given."""
+    field = ".".join(str(p) for p in err["loc"]) or "limits"
+    why = str(err["msg"]).removeprefix("Value error, ")
+    if err.get("type") == "literal_error":
+        why = f"{why.replace('Input should be', 'must be')}, got {err.get('input')!r}"
+    elif err.get("type") == "extra_forbidden":
+        why = "is not a limit (see SandboxLimits for the names)"
+    elif err.get("type", "").endswith("_parsing") or err.get("type", "").endswith("_type"):
+        why = f"{why.replace('Input should be', 'must be')}, got {err.get('input')!r}"
+    # "cpus must be between ..." names the field itself: say it once
+    why = why.removeprefix(f"{field} ")
+    return field, why
+
+
 class SandboxLimits(BaseModel):
     """Isolation controls applied to every sandbox.
 
@@ -86,10 +102,9 @@ class SandboxLimits(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'limits'}: {err['msg']}" for err in exc.errors()
-            )
-            raise InvalidLimits(f"invalid SandboxLimits: {problems}") from None
+            problems = tuple(_problem(err) for err in exc.errors())
+            text = "; ".join(f"{name}: {why}" for name, why in problems)
+            raise InvalidLimits(f"invalid limits: {text}", problems) from None
 
     @field_validator("egress", mode="before")
     @classmethod

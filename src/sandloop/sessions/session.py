@@ -199,8 +199,10 @@ class Session:
         stdin: str | bytes | None = None,
         limits: SandboxLimits | None = None,
         secrets: Mapping[str, Secret] | None = None,
+        on_output: Callable[[str, bytes], None] | None = None,
     ) -> ExecutionResult:
-        """Run code in a fresh process with the workspace as its working directory."""
+        """Run code in a fresh process with the workspace as its working directory
+        (``on_output("stdout" | "stderr", data)`` sees output as it arrives)."""
         self._live()
         request = build_request(
             code,
@@ -210,6 +212,7 @@ class Session:
             stdin=stdin,
             image=self._record.image,
             secrets=secrets,
+            on_output=on_output,
         )
         spec = self._spec()
         request = replace(request, image=spec.image, cwd=WORKSPACE, volumes=spec.volumes, labels=spec.labels)
