@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from sandloop.contract import ExecutionResult
+from sandloop.contract import CellResult, ExecutionResult
 
 _FORK_FAILURE = re.compile(
     r"(BlockingIOError: \[Errno 11\]|Resource temporarily unavailable|fork: retry|can't start new thread|"
@@ -122,8 +122,9 @@ def sandbox_notes(result: ExecutionResult) -> list[str]:
         notes.append(
             f"no space left: /tmp holds at most {limits.tmpfs_size}. Write less, or delete temporary files as you go."
         )
-    shown = getattr(result, "value", None) is not None or getattr(result, "artifacts", None)
-    if result.ok and not result.stdout and not result.stderr and not shown:
+    # In a session the last expression is shown, so a silent cell is an assignment, an import or
+    # a definition: nothing to explain (before, `x = 41` got this note everywhere).
+    if result.ok and not result.stdout and not result.stderr and not isinstance(result, CellResult):
         notes.append(
             "the program ran and printed nothing. If you expected a value, print it (print() in "
             "Python, console.log() in Node, echo in bash): a last expression is not shown."

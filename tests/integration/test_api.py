@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import socket
 import statistics
@@ -337,21 +338,76 @@ def test_a_run_streams_its_output_as_it_comes(alice):
     code = (
         "import sys, time\nfor i in range(3):\n    print(i, flush=True); time.sleep(0.3)\nprint('é', file=sys.stderr)"
     )
-    events, arrival = [], []
+    events = []
     with alice.stream("POST", "/v1/runs", json={"code": code, "stream": True}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         for event in sse_events(r):
             events.append(event)
-            arrival.append(time.monotonic())
     kinds = [k for k, _ in events]
     assert kinds[-1] == "result" and kinds.count("stdout") >= 2, kinds  # not one block at the end
     streamed = "".join(d["text"] for k, d in events if k == "stdout")
     result = events[-1][1]
     assert streamed == result["stdout"] == "0\n1\n2\n" and result["stderr"] == "é\n" and result["ok"]
-    first_out = arrival[kinds.index("stdout")]
-    assert arrival[-1] - first_out > 0.4  # the first line came well before the end
     r = alice.post("/v1/runs", json={"code": "x", "language": "cobol", "stream": True})
     assert r.status_code == 200 and "event: error" in r.text and "unknown_language" in r.text
+
+
+def test_session_cells_and_runs_stream_as_they_print(alice, bob):
+    """A cell prints, then waits for a file the test writes only after it has read that line
+    from the stream: the line cannot have come at the end (before, "stream": true was refused)."""
+    sid = alice.post("/v1/sessions", json={"quota": "16m"}).json()["id"]
+    try:
+        wait_for_go = (
+            "import os, time\nprint('first', flush=True)\n"
+            "for _ in range(600):\n    if os.path.exists('go'): break\n    time.sleep(0.1)\n"
+            "os.remove('go')\nprint('second')"
+        )
+        for route, body in (("cells", {"code": wait_for_go}), ("runs", {"code": wait_for_go})):
+            events, printed = [], ""
+            with alice.stream("POST", f"/v1/sessions/{sid}/{route}", json={**body, "stream": True}) as r:
+                assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+                for kind, data in sse_events(r):
+                    events.append((kind, data))
+                    printed += data["text"] if kind == "stdout" else ""
+                    if printed == "first\n":  # seen while the cell waits: now let it go on
+                        assert alice.put(f"/v1/sessions/{sid}/files/go", content=b"1").status_code in (200, 201)
+            kinds = [k for k, _ in events]
+            assert kinds[0] == "stdout" and kinds[-1] == "result", (route, events)
+            result = events[-1][1]
+            assert result["stdout"] == "first\nsecond\n" and result["ok"], (route, result)
+        r = alice.post(f"/v1/sessions/{sid}/cells", json={"code": "x = 41", "stream": True})
+        assert r.text.count("event: ") == 1 and "event: result" in r.text
+        assert json.loads(r.text.split("data: ", 1)[1])["notes"] == []  # a silent cell needs no note
+        r = bob.post(f"/v1/sessions/{sid}/cells", json={"code": "1", "stream": True})
+        assert r.status_code == 404  # another token's session: a status, before any stream
+    finally:
+        alice.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_streamed_run_whose_client_leaves_at_once_gives_its_slot_back(server):
+    """Before: the token's concurrency slot was taken before the stream's generator first ran and
+    given back only inside it, so a client that left before the body started kept it for good."""
+    url, tokens = server
+    secret, _ = tokens.create("leaver", max_concurrent=1, runs_per_minute=1000)
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"code": "import time; time.sleep(1); print(1)", "stream": True}).encode()
+    request = (
+        b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {secret}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=120) as client:
+        for i in range(4):
+            with socket.create_connection((host, int(port))) as conn:
+                conn.sendall(request)
+                if i % 2:  # half wait to be admitted, half leave before any answer
+                    assert conn.recv(12).startswith(b"HTTP/1.1 200")
+            # the one slot comes back once the abandoned run ends (its own timeout bounds it)
+            deadline = time.monotonic() + 120
+            while (r := client.post("/v1/runs", json={"code": "print(2)"})).status_code == 429:
+                assert time.monotonic() < deadline, "the slot never came back"
+                time.sleep(0.2)
+            assert r.status_code == 200 and r.json()["stdout"] == "2\n"
 
 
 def test_archives_in_and_out_land_whole_or_not_at_all(alice):

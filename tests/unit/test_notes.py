@@ -52,7 +52,8 @@ def test_a_cell_that_shows_a_value_or_chart_is_not_silent():
     assert sandbox_notes(CellResult(exit_code=0, duration_seconds=0.1, value="42")) == []
     art = Artifact(name="figure-1.png", mime_type="image/png", data=b"\x89PNG")
     assert sandbox_notes(CellResult(exit_code=0, duration_seconds=0.1, artifacts=[art])) == []
-    assert "printed nothing" in sandbox_notes(CellResult(exit_code=0, duration_seconds=0.1))[0]
+    # a silent cell (an assignment, an import): a notebook shows nothing either, and says nothing
+    assert sandbox_notes(CellResult(exit_code=0, duration_seconds=0.1)) == []
 
 
 def test_a_cell_interrupted_for_time_keeps_its_interpreter_and_says_so():
@@ -75,3 +76,10 @@ def test_gvisor_statx_note_only_under_runsc():
     err = "ls: cannot access '/tmp': Invalid argument\n"
     assert any("gVisor" in n for n in sandbox_notes(_r(exit_code=2, stderr=err, limits=SandboxLimits(runtime="runsc"))))
     assert not any("gVisor" in n for n in sandbox_notes(_r(exit_code=2, stderr=err)))
+
+
+def test_an_artifacts_repr_names_it_instead_of_dumping_its_bytes():
+    from sandloop.contract import Artifact
+
+    art = Artifact(name="figure-1.png", mime_type="image/png", data=b"\x89PNG" + b"\0" * 50_000)
+    assert repr(art) == "Artifact(name='figure-1.png', mime_type='image/png', 50,004 bytes)" == str(art)

@@ -62,6 +62,11 @@ class Artifact(BaseModel):
     mime_type: str
     data: bytes
 
+    def __repr__(self) -> str:  # not the whole PNG
+        return f"Artifact(name={self.name!r}, mime_type={self.mime_type!r}, {len(self.data):,} bytes)"
+
+    __str__ = __repr__
+
 
 class CellError(BaseModel):
     """The exception a cell raised, as a notebook shows it (its traceback also went to stderr)."""

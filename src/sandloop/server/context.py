@@ -3,6 +3,7 @@ endpoints, per-token windows, metrics) with the rules a route applies before cal
 (limits clamped to the token's ceilings, session ownership, metering), and authentication."""
 
 import collections
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -11,7 +12,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Depends, Request, Security
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPBearer
-from starlette.concurrency import run_in_threadpool
 
 from sandloop.contract import SandboxError, SandboxLimits, parse_size
 from sandloop.contract.egress import covers
@@ -132,6 +132,31 @@ class Api:
         self.metrics.run(outcome, result.duration_seconds, getattr(result, "backend", None))
         return result_json(result)
 
+    def sse_output(self, token: Token, call: Callable[[Callable[[str, bytes], None]], Any]) -> StreamingResponse:
+        """``call(on_output)`` (a run or a cell, given where to send output as it arrives) as
+        server-sent events: ``stdout``/``stderr`` ({text}) as they come, then ``result`` (the body
+        an unstreamed call answers) or ``error``. Counted against the token's rate and concurrency
+        here, before the response starts (a 429 is a status, not an event)."""
+        import codecs
+
+        self.rates.enter(token)
+
+        def work(emit: Any) -> None:
+            decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
+
+            def on_output(stream: str, data: bytes) -> None:
+                text = decoders[stream].decode(data)
+                if text:
+                    emit(stream, {"text": text})
+
+            emit("result", self.count(call(on_output)))
+
+        try:
+            return self.sse_from_thread(work, lambda: self.rates.leave(token))
+        except BaseException:
+            self.rates.leave(token)
+            raise
+
     @staticmethod
     def sse_from_thread(work: Any, release: Any) -> StreamingResponse:
         """Run ``work(emit)`` in a worker thread and stream each ``emit(kind, data)`` as a
@@ -142,8 +167,12 @@ class Api:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
 
+        def put(item: tuple[str, Any] | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone (the server stopped): no reader
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
         def emit(kind: str, data: Any) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (kind, data))
+            put((kind, data))
 
         def run() -> None:
             try:
@@ -154,15 +183,18 @@ class Api:
                 emit("error", {"code": "internal", "message": f"{type(exc).__name__}: {exc}"})
             finally:
                 release()
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+                put(None)
+
+        # A thread of its own, started now: not the request's thread pool, whose start a client
+        # that disconnects cancels (the request's cancel scope reaches a task made inside it, and
+        # then ``release``, the token's concurrency slot, was never called: measured, the slot
+        # stayed taken), nor the response body's generator, which such a client never starts.
+        # The work ends by its own timeout whether anyone reads it or not.
+        threading.Thread(target=run, name="sandloop-stream", daemon=True).start()
 
         async def stream() -> AsyncIterator[str]:
-            worker = asyncio.ensure_future(run_in_threadpool(run))
-            try:
-                while (item := await queue.get()) is not None:
-                    kind, data = item
-                    yield f"event: {kind}\ndata: {json.dumps(data, default=str)}\n\n"
-            finally:
-                await worker
+            while (item := await queue.get()) is not None:
+                kind, data = item
+                yield f"event: {kind}\ndata: {json.dumps(data, default=str)}\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

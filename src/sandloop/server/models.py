@@ -75,6 +75,12 @@ _SECRETS: Any = Field(
     "'hosts': ['api.github.com']}}: their hosts must be on the egress allowlist. Never echoed back.",
 )
 
+_STREAM: Any = Field(
+    False,
+    description="Answer with server-sent events: `stdout` and `stderr` ({text}) as output arrives, then "
+    "`result` (the same body as without streaming) or `error` ({code, message}).",
+)
+
 
 class RunIn(_In):
     code: str = Field(max_length=MAX_CODE_CHARS)
@@ -83,11 +89,7 @@ class RunIn(_In):
     stdin: str | None = Field(None, max_length=MAX_CODE_CHARS)
     limits: LimitsIn = Field(default_factory=LimitsIn)
     secrets: dict[str, SecretIn] = _SECRETS
-    stream: bool = Field(
-        False,
-        description="Answer with server-sent events: `stdout` and `stderr` ({text}) as output arrives, then "
-        "`result` (the same body as without streaming) or `error` ({code, message}).",
-    )
+    stream: bool = _STREAM
 
 
 class SessionRunIn(_In):
@@ -98,12 +100,14 @@ class SessionRunIn(_In):
     timeout_seconds: float | None = _TIMEOUT
     stdin: str | None = Field(None, max_length=MAX_CODE_CHARS)
     secrets: dict[str, SecretIn] = _SECRETS
+    stream: bool = _STREAM
 
 
 class CellIn(_In):
     code: str = Field(max_length=MAX_CODE_CHARS)
     timeout_seconds: float | None = _TIMEOUT
     secrets: dict[str, SecretIn] = _SECRETS
+    stream: bool = _STREAM
 
 
 def secrets_of(given: dict[str, SecretIn]) -> dict[str, Secret]:

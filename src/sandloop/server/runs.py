@@ -33,19 +33,9 @@ def runs_routes(api: Api) -> APIRouter:
         timeout = clamp_timeout(token, body.timeout_seconds)
         secrets = secrets_of(body.secrets)
         if body.stream:
-            import codecs
-
-            rates.enter(token)
-
-            def work(emit: Any) -> None:
-                decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
-
-                def on_output(stream: str, data: bytes) -> None:
-                    text = decoders[stream].decode(data)
-                    if text:
-                        emit(stream, {"text": text})
-
-                result = run_code(
+            return api.sse_output(
+                token,
+                lambda on_output: run_code(
                     body.code,
                     body.language,
                     timeout,
@@ -53,10 +43,8 @@ def runs_routes(api: Api) -> APIRouter:
                     stdin=body.stdin,
                     on_output=on_output,
                     secrets=secrets,
-                )
-                emit("result", count(result))
-
-            return sse_from_thread(work, lambda: rates.leave(token))
+                ),
+            )
         with rates.use(token):  # 429s are decided here, before any thread is taken
             result = await run_in_threadpool(
                 run_code, body.code, body.language, timeout, limits=limits, stdin=body.stdin, secrets=secrets

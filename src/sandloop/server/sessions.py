@@ -3,6 +3,7 @@
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from sandloop.contract import parse_size
@@ -60,23 +61,42 @@ def session_routes(api: Api) -> APIRouter:
         store.disown(session_id)
         return Response(status_code=204)
 
-    @router.post("/v1/sessions/{session_id}/runs")
-    def session_run(session_id: str, body: SessionRunIn, token: Auth) -> dict[str, Any]:
-        timeout = clamp_timeout(token, body.timeout_seconds)
-        secrets = secrets_of(body.secrets)
-        return count(
-            with_session(
-                token,
-                session_id,
-                lambda s: s.run(body.code, body.language, timeout, stdin=body.stdin, secrets=secrets),
-            )
-        )
+    async def answer(token: Any, session_id: str, call: Any, stream: bool) -> dict[str, Any] | StreamingResponse:
+        """``call(session, on_output)``: its result, or with ``stream`` server-sent events (a
+        session that is not the token's is a 404 before the stream starts)."""
+        if not stream:
+            return count(await run_in_threadpool(with_session, token, session_id, call))
+        await run_in_threadpool(lambda: owned(token, session_id).close())
 
-    @router.post("/v1/sessions/{session_id}/cells")
-    def session_cell(session_id: str, body: CellIn, token: Auth) -> dict[str, Any]:
+        def work(on_output: Any) -> Any:
+            with owned(token, session_id) as s:  # attached: `with` only detaches
+                return call(s, on_output)
+
+        return api.sse_output(token, work)
+
+    @router.post("/v1/sessions/{session_id}/runs", response_model=None)
+    async def session_run(session_id: str, body: SessionRunIn, token: Auth) -> dict[str, Any] | StreamingResponse:
+        """A program in a fresh process with the workspace as its working directory. With
+        ``stream: true``: server-sent events, as for /v1/runs."""
         timeout = clamp_timeout(token, body.timeout_seconds)
         secrets = secrets_of(body.secrets)
-        return count(with_session(token, session_id, lambda s: s.run_cell(body.code, timeout, secrets=secrets)))
+
+        def call(s: Any, on_output: Any = None) -> Any:
+            return s.run(body.code, body.language, timeout, stdin=body.stdin, secrets=secrets, on_output=on_output)
+
+        return await answer(token, session_id, call, body.stream)
+
+    @router.post("/v1/sessions/{session_id}/cells", response_model=None)
+    async def session_cell(session_id: str, body: CellIn, token: Auth) -> dict[str, Any] | StreamingResponse:
+        """A cell in the session's interpreter (its state persists). With ``stream: true``:
+        server-sent events, output as the cell prints it, then ``result``."""
+        timeout = clamp_timeout(token, body.timeout_seconds)
+        secrets = secrets_of(body.secrets)
+
+        def call(s: Any, on_output: Any = None) -> Any:
+            return s.run_cell(body.code, timeout, secrets=secrets, on_output=on_output, detach=True)
+
+        return await answer(token, session_id, call, body.stream)
 
     @router.get("/v1/sessions/{session_id}/files")
     def list_files(session_id: str, token: Auth, path: str = ".") -> list[dict[str, Any]]:

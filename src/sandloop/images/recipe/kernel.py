@@ -52,6 +52,18 @@ def _error(exc, tb):
     return {"name": type(exc).__name__, "value": str(exc), "traceback": text[-MAX_VALUE_CHARS:]}
 
 
+def _report(exc, tb):
+    """Print the traceback to stderr with its source lines. The default excepthook (C) reads them
+    from files, so a cell's lines (only in linecache) were left out; traceback's reads linecache."""
+    if sys.excepthook is not sys.__excepthook__:  # the cell installed its own: respect it
+        sys.excepthook(type(exc), exc, tb)
+        return
+    try:
+        traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+    except Exception:
+        sys.__excepthook__(type(exc), exc, tb)
+
+
 def run_cell(code, namespace):
     """Returns (status, value repr or None, characters of the repr omitted, error or None)."""
     filename = "<cell>"
@@ -59,7 +71,7 @@ def run_cell(code, namespace):
     try:
         tree = ast.parse(code, filename)
     except SyntaxError as exc:
-        sys.excepthook(type(exc), exc.with_traceback(None), None)
+        _report(exc.with_traceback(None), None)
         return 1, None, 0, _error(exc, None)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
@@ -71,7 +83,7 @@ def run_cell(code, namespace):
         return launcher.exit_status(exc.code), None, 0, None
     except BaseException as exc:
         tb = exc.__traceback__.tb_next if exc.__traceback__ else None
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        _report(exc.with_traceback(tb), tb)
         return (130 if isinstance(exc, KeyboardInterrupt) else 1), None, 0, _error(exc, tb)
     if value is None:
         return 0, None, 0, None
