@@ -57,13 +57,29 @@ def page(server, tmp_path):
         pg = ctx.new_page()
         violations: list[str] = []
         pg.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
+        dialogs: list[str] = []
+
+        def on_dialog(dialog) -> None:  # confirmations: recorded, and answered as the test says
+            dialogs.append(dialog.message)
+            dialog.accept() if pg.accept_dialogs else dialog.dismiss()
+
+        pg.on("dialog", on_dialog)
+        pg.accept_dialogs = True
+        pg.dialogs = dialogs
         pg.goto(url + "/")
         pg.fill("#token", secret)
         pg.dispatch_event("#token", "change")
         pg.secret = secret  # for tests that open a second page
         pg.base_url = url
-        yield pg
-        browser.close()
+        try:
+            yield pg
+        finally:
+            browser.close()
+            import httpx  # the sessions the page made (it starts as a notebook) go with the test
+
+            auth = {"Authorization": f"Bearer {secret}"}
+            for s in httpx.get(f"{url}/v1/sessions", headers=auth, timeout=60).json():
+                httpx.delete(f"{url}/v1/sessions/{s['id']}", headers=auth, timeout=120)
     assert violations == [], violations  # the page runs under its own CSP without breaking it
 
 
@@ -86,19 +102,42 @@ def set_code(page, index: int, code: str) -> None:
     page.keyboard.insert_text(code)
 
 
-def test_cells_run_once_with_streamed_output_and_notes(page, tmp_path):
+def test_the_first_page_is_a_notebook_that_shows_a_value_and_a_chart(page, tmp_path):
+    """Before: no session, so the two starting cells showed "printed nothing ... a last expression
+    is not shown" instead of the array and the chart."""
+    expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-"), timeout=60_000)
+    expect(page.locator(".cell")).to_have_count(2)
+    page.click("#run-all")
+    first, second = page.locator(".cell").nth(0), page.locator(".cell").nth(1)
+    expect(second.locator(".status")).to_have_text("exit 0", timeout=60_000)
+    assert first.locator(".stdout").inner_text() == "hello from the sandbox\n"
+    assert first.locator(".value").inner_text().startswith("array([[0, 1, 2, 3, 4],")
+    assert second.locator(".charts img").evaluate("img => img.naturalWidth") > 100  # a real decoded PNG
+    assert page.locator(".cell .note").count() == 0  # no false "printed nothing"
+    shot(page, tmp_path, "playground-first-page")
+
+
+def test_cells_stream_can_be_stopped_and_have_notes(page, tmp_path):
+    expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-"), timeout=60_000)
     expect(page.locator(".cell")).to_have_count(2)
     assert page.locator(".cell .CodeMirror .cm-keyword").count() > 0  # highlighted by the editor
-    code = "import sys, time\nprint('hello from the browser', flush=True)\ntime.sleep(3)\n"
-    set_code(page, 0, code + "print('to stderr', file=sys.stderr)")
+    set_code(
+        page, 0, "kept = 'yes'\nimport time\nprint('hello from the browser', flush=True)\nwhile True: time.sleep(0.1)"
+    )
     first = page.locator(".cell").nth(0)
     first.locator(".run").click()
-    # streamed: the first line is on the page while the cell is still running
+    # streamed: the line is on the page while the cell runs (it never ends by itself)
     expect(first.locator(".stdout")).to_have_text("hello from the browser\n", timeout=60_000)
-    assert first.locator(".status").inner_text() == "running…"  # 3 s before the program ends
-    expect(first.locator(".status")).to_have_text("exit 0", timeout=60_000)
-    assert "to stderr" in first.locator(".stderr").inner_text()
-    assert first.locator(".prompt").inner_text() == "[1]"
+    assert first.locator(".status").inner_text() == "running…"
+    expect(first.locator(".run")).to_have_text("■ Stop")
+    first.locator(".run").click()  # interrupts the cell; the interpreter keeps its variables
+    expect(first.locator(".status")).to_have_text("interrupted (variables kept)", timeout=60_000)
+    set_code(page, 1, "import sys\nprint('to stderr', file=sys.stderr)\nkept")
+    second = page.locator(".cell").nth(1)
+    second.locator(".run").click()
+    expect(second.locator(".value")).to_have_text("'yes'", timeout=60_000)
+    assert "to stderr" in second.locator(".stderr").inner_text()
+    assert second.locator(".prompt").inner_text() == "[1]"
     page.click("#add-cell")
     expect(page.locator(".cell")).to_have_count(3)
     set_code(page, 2, "x = bytearray(900 * 1024 * 1024)")
@@ -107,14 +146,22 @@ def test_cells_run_once_with_streamed_output_and_notes(page, tmp_path):
     expect(third.locator(".status")).to_have_text("exit 137", timeout=60_000)
     assert "memory limit" in third.locator(".notes").inner_text()
     third.locator(".lang").select_option("bash")  # each cell has its language
-    set_code(page, 2, "echo from bash")
+    set_code(page, 2, "echo from bash; pwd")
     third.locator(".run").click()
-    expect(third.locator(".stdout")).to_have_text("from bash\n", timeout=60_000)
+    expect(third.locator(".stdout")).to_have_text("from bash\n/workspace\n", timeout=60_000)
+    page.click("#detach-session")  # one-off runs: each cell in a fresh sandbox, still streamed
+    expect(page.locator("#session-id")).to_have_text("none")
+    set_code(page, 0, "print('once')")
+    page.locator(".cell").nth(0).locator(".run").click()
+    expect(page.locator(".cell").nth(0).locator(".stdout")).to_have_text("once\n", timeout=60_000)
     shot(page, tmp_path, "playground-runs")
 
 
 def test_a_session_notebook_with_files_survives_a_reload(page, tmp_path):
+    expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-"), timeout=60_000)  # the page's own
+    first_sid = page.inner_text("#session-id")
     page.click("#new-session")
+    expect(page.locator("#session-id")).not_to_have_text(first_sid, timeout=60_000)
     expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-"), timeout=60_000)
     sid = page.inner_text("#session-id")
     set_code(page, 0, "total = 40\nopen('out.txt', 'w').write('from a cell')\ntotal")
@@ -134,12 +181,20 @@ def test_a_session_notebook_with_files_survives_a_reload(page, tmp_path):
         page.locator("#files tr", has_text="data.csv").locator("button[title=download]").click()
     assert Path(download.value.path()).read_text() == "v\n1\n2\n"
     shot(page, tmp_path, "playground-session")
-    page.reload()  # the session and the notebook come back
+    page.reload()  # the session and the notebook come back, with what the cells showed
     expect(page.locator("#session-id")).to_have_text(sid, timeout=30_000)
     expect(page.locator("#sessions li.current")).to_have_count(1, timeout=30_000)
     assert "total + 2" in page.locator(".cell").nth(1).inner_text()
+    expect(page.locator(".cell").nth(1).locator(".value")).to_have_text("42")  # before: outputs lost
+    assert page.locator(".cell").nth(1).locator(".charts img").count() == 1
+    shot(page, tmp_path, "playground-reloaded")
     page.locator(".cell").nth(1).locator(".run").click()
     expect(page.locator(".cell").nth(1).locator(".value")).to_have_text("42", timeout=60_000)
+    page.accept_dialogs = False
+    page.click("#delete-session")  # asks first; dismissed, nothing is deleted
+    assert page.dialogs and "Delete session " + sid in page.dialogs[-1]
+    expect(page.locator("#session-id")).to_have_text(sid)
+    page.accept_dialogs = True
     page.click("#delete-session")
     expect(page.locator("#session-id")).to_have_text("none", timeout=60_000)
 

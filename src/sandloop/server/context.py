@@ -132,11 +132,14 @@ class Api:
         self.metrics.run(outcome, result.duration_seconds, getattr(result, "backend", None))
         return result_json(result)
 
-    def sse_output(self, token: Token, call: Callable[[Callable[[str, bytes], None]], Any]) -> StreamingResponse:
-        """``call(on_output)`` (a run or a cell, given where to send output as it arrives) as
-        server-sent events: ``stdout``/``stderr`` ({text}) as they come, then ``result`` (the body
-        an unstreamed call answers) or ``error``. Counted against the token's rate and concurrency
-        here, before the response starts (a 429 is a status, not an event)."""
+    def sse_output(
+        self, token: Token, call: Callable[[Callable[[str, bytes], None], threading.Event], Any]
+    ) -> StreamingResponse:
+        """``call(on_output, cancel)`` (a run or a cell, given where to send output as it arrives
+        and an event set when the client leaves) as server-sent events: ``stdout``/``stderr``
+        ({text}) as they come, then ``result`` (the body an unstreamed call answers) or ``error``.
+        Counted against the token's rate and concurrency here, before the response starts (a 429
+        is a status, not an event)."""
         import codecs
 
         self.rates.enter(token)
@@ -149,18 +152,20 @@ class Api:
                 if text:
                     emit(stream, {"text": text})
 
-            emit("result", self.count(call(on_output)))
+            emit("result", self.count(call(on_output, cancel)))
 
+        cancel = threading.Event()
         try:
-            return self.sse_from_thread(work, lambda: self.rates.leave(token))
+            return self.sse_from_thread(work, lambda: self.rates.leave(token), cancel)
         except BaseException:
             self.rates.leave(token)
             raise
 
     @staticmethod
-    def sse_from_thread(work: Any, release: Any) -> StreamingResponse:
+    def sse_from_thread(work: Any, release: Any, gone: threading.Event | None = None) -> StreamingResponse:
         """Run ``work(emit)`` in a worker thread and stream each ``emit(kind, data)`` as a
-        server-sent event; ``release()`` runs when the work ends, whatever happened."""
+        server-sent event; ``release()`` runs when the work ends, whatever happened; ``gone`` is
+        set when the client stops reading before the end (its interrupt button, its timeout)."""
         import asyncio
         import json
 
@@ -193,8 +198,14 @@ class Api:
         threading.Thread(target=run, name="sandloop-stream", daemon=True).start()
 
         async def stream() -> AsyncIterator[str]:
-            while (item := await queue.get()) is not None:
-                kind, data = item
-                yield f"event: {kind}\ndata: {json.dumps(data, default=str)}\n\n"
+            ended = False
+            try:
+                while (item := await queue.get()) is not None:
+                    kind, data = item
+                    yield f"event: {kind}\ndata: {json.dumps(data, default=str)}\n\n"
+                ended = True
+            finally:
+                if not ended and gone is not None:
+                    gone.set()
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

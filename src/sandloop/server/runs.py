@@ -35,7 +35,7 @@ def runs_routes(api: Api) -> APIRouter:
         if body.stream:
             return api.sse_output(
                 token,
-                lambda on_output: run_code(
+                lambda on_output, _cancel: run_code(  # a run ends by its own timeout
                     body.code,
                     body.language,
                     timeout,

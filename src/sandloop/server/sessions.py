@@ -68,9 +68,9 @@ def session_routes(api: Api) -> APIRouter:
             return count(await run_in_threadpool(with_session, token, session_id, call))
         await run_in_threadpool(lambda: owned(token, session_id).close())
 
-        def work(on_output: Any) -> Any:
+        def work(on_output: Any, cancel: Any) -> Any:
             with owned(token, session_id) as s:  # attached: `with` only detaches
-                return call(s, on_output)
+                return call(s, on_output, cancel)
 
         return api.sse_output(token, work)
 
@@ -81,7 +81,7 @@ def session_routes(api: Api) -> APIRouter:
         timeout = clamp_timeout(token, body.timeout_seconds)
         secrets = secrets_of(body.secrets)
 
-        def call(s: Any, on_output: Any = None) -> Any:
+        def call(s: Any, on_output: Any = None, _cancel: Any = None) -> Any:  # ends by its own timeout
             return s.run(body.code, body.language, timeout, stdin=body.stdin, secrets=secrets, on_output=on_output)
 
         return await answer(token, session_id, call, body.stream)
@@ -93,8 +93,10 @@ def session_routes(api: Api) -> APIRouter:
         timeout = clamp_timeout(token, body.timeout_seconds)
         secrets = secrets_of(body.secrets)
 
-        def call(s: Any, on_output: Any = None) -> Any:
-            return s.run_cell(body.code, timeout, secrets=secrets, on_output=on_output, detach=True)
+        def call(s: Any, on_output: Any = None, cancel: Any = None) -> Any:
+            # a client that stops reading (the playground's interrupt) interrupts the cell; its
+            # interpreter and variables stay
+            return s.run_cell(body.code, timeout, secrets=secrets, on_output=on_output, cancel=cancel, detach=True)
 
         return await answer(token, session_id, call, body.stream)
 

@@ -45,12 +45,14 @@ async function raw(method, path, body) {
   return res;
 }
 
-// POST a JSON body and read the server-sent events of the answer.
-async function sse(path, body, onEvent) {
+// POST a JSON body and read the server-sent events of the answer (``signal`` aborts it: the
+// server then interrupts a session's cell).
+async function sse(path, body, onEvent, signal) {
   const res = await fetch(path, {
     method: "POST",
     headers: headers({ "Content-Type": "application/json" }),
     body: JSON.stringify(body),
+    signal,
   });
   if (!res.ok) throw await failure(res);
   const reader = res.body.getReader();
@@ -81,12 +83,42 @@ function el(tag, props, ...children) {
 // -- cells ------------------------------------------------------------------------------------
 function cellsKey() { return "sandloop-cells:" + (session || "none"); }
 
-function saveCells() {
-  const saved = cells.map((c) => ({ code: c.cm.getValue(), language: c.lang.value }));
-  localStorage.setItem(cellsKey(), JSON.stringify(saved));
+// What a cell showed, kept with its code so that a reload shows it again.
+function outputOf(cell) {
+  const charts = [...part(cell, "charts").querySelectorAll("img")].map((img) => ({ alt: img.alt, src: img.src }));
+  return {
+    stdout: part(cell, "stdout").textContent,
+    stderr: part(cell, "stderr").textContent,
+    value: part(cell, "value").textContent,
+    notes: [...part(cell, "notes").children].map((n) => n.textContent),
+    status: part(cell, "status").textContent,
+    statusClass: part(cell, "status").className,
+    prompt: part(cell, "prompt").textContent,
+    duration: part(cell, "duration").textContent,
+    charts,
+  };
 }
 
-function addCell(code, language) {
+function restoreOutput(cell, o) {
+  if (!o) return;
+  for (const name of ["stdout", "stderr", "value", "prompt", "duration"]) part(cell, name).textContent = o[name] || "";
+  for (const n of o.notes || []) part(cell, "notes").append(el("div", { className: "note", textContent: n }));
+  for (const c of o.charts || []) part(cell, "charts").append(el("img", { alt: c.alt, src: c.src }));
+  part(cell, "status").textContent = o.status || "";
+  part(cell, "status").className = o.statusClass || "status";
+}
+
+function saveCells() {
+  let saved = cells.map((c) => ({ code: c.cm.getValue(), language: c.lang.value, output: outputOf(c) }));
+  try {
+    localStorage.setItem(cellsKey(), JSON.stringify(saved));
+  } catch (e) { // over the browser's storage quota (big charts): keep the code and the text
+    saved = saved.map((c) => ({ ...c, output: { ...c.output, charts: [] } }));
+    try { localStorage.setItem(cellsKey(), JSON.stringify(saved)); } catch (e2) { /* code only is lost too */ }
+  }
+}
+
+function addCell(code, language, output) {
   const node = $("cell-template").content.firstElementChild.cloneNode(true);
   $("cells").append(node);
   const lang = node.querySelector(".lang");
@@ -102,10 +134,11 @@ function addCell(code, language) {
     indentUnit: 4,
     extraKeys: { "Shift-Enter": () => runCell(cell), Tab: (ed) => ed.execCommand("insertSoftTab") },
   });
-  const cell = { node, cm, lang };
+  const cell = { node, cm, lang, running: null };
+  restoreOutput(cell, output);
   cm.on("change", saveCells);
   lang.addEventListener("change", () => { cm.setOption("mode", MODES[lang.value]); saveCells(); });
-  node.querySelector(".run").addEventListener("click", () => runCell(cell));
+  node.querySelector(".run").addEventListener("click", () => (cell.running ? cell.running.abort() : runCell(cell)));
   node.querySelector(".remove").addEventListener("click", () => {
     cells.splice(cells.indexOf(cell), 1);
     node.remove();
@@ -119,11 +152,16 @@ function loadCells() {
   for (const c of cells.splice(0)) c.node.remove();
   let saved = null;
   try { saved = JSON.parse(localStorage.getItem(cellsKey()) || "null"); } catch (e) { saved = null; }
+  // The first page: a notebook whose two cells show a value and a chart once run (in a session
+  // the last expression is shown; plt.show() leaves the figure to be returned as a PNG).
   const start = saved && saved.length ? saved : [
-    { code: "import numpy as np\nprint('hello from the sandbox')\nnp.arange(10).sum()", language: "python" },
-    { code: "import matplotlib.pyplot as plt\nxs = list(range(10))\nplt.plot(xs, [x * x for x in xs])\nplt.title('squares')", language: "python" },
+    { code: "import numpy as np\nprint('hello from the sandbox')\nnp.arange(10).reshape(2, 5)", language: "python" },
+    { code: "import matplotlib.pyplot as plt\nxs = list(range(10))\nplt.plot(xs, [x * x for x in xs])\nplt.title('squares')\nplt.show()", language: "python" },
   ];
-  for (const c of start) addCell(typeof c === "string" ? c : c.code, typeof c === "string" ? "python" : c.language);
+  for (const c of start) {
+    if (typeof c === "string") addCell(c, "python");
+    else addCell(c.code, c.language, c.output);
+  }
 }
 
 function part(cell, name) { return cell.node.querySelector("." + name); }
@@ -152,8 +190,12 @@ function showResult(cell, r, streamed) {
 }
 
 async function runCell(cell) {
+  if (cell.running) return;
   const button = part(cell, "run");
-  button.disabled = true;
+  const controller = new AbortController();
+  cell.running = controller;
+  button.textContent = "■ Stop";
+  button.title = "interrupt this cell (a session's variables are kept)";
   cell.node.classList.add("running");
   for (const name of ["stdout", "stderr", "value"]) part(cell, name).textContent = "";
   part(cell, "notes").innerHTML = "";
@@ -166,33 +208,44 @@ async function runCell(cell) {
   const timeout = Number($("timeout").value);
   try {
     let result = null;
-    let streamed = false;
+    let path;
+    let body;
     if (session && language === "python") {
-      result = await api("POST", `/v1/sessions/${session}/cells`, { code, timeout_seconds: timeout });
+      path = `/v1/sessions/${session}/cells`;
+      body = { code, timeout_seconds: timeout, stream: true };
     } else if (session) {
-      result = await api("POST", `/v1/sessions/${session}/runs`, { code, language, timeout_seconds: timeout, stdin: $("stdin").value || null });
+      path = `/v1/sessions/${session}/runs`;
+      body = { code, language, timeout_seconds: timeout, stdin: $("stdin").value || null, stream: true };
     } else {
-      streamed = true;
-      const body = {
+      path = "/v1/runs";
+      body = {
         code, language, timeout_seconds: timeout, stdin: $("stdin").value || null, stream: true,
         limits: { memory: $("memory").value, runtime: $("runtime").value },
       };
-      await sse("/v1/runs", body, (kind, data) => {
-        if (kind === "stdout" || kind === "stderr") part(cell, kind).textContent += data.text;
-        else if (kind === "result") result = data;
-        else if (kind === "error") throw new Error(`${data.code}: ${data.message}`);
-      });
     }
+    await sse(path, body, (kind, data) => {
+      if (kind === "stdout" || kind === "stderr") part(cell, kind).textContent += data.text;
+      else if (kind === "result") result = data;
+      else if (kind === "error") throw new Error(`${data.code}: ${data.message}`);
+    }, controller.signal);
     if (!result) throw new Error("the run ended without a result");
-    showResult(cell, result, streamed);
+    showResult(cell, result, true);
     part(cell, "prompt").textContent = `[${++runCount}]`;
     if (session) refreshFiles();
   } catch (e) {
-    setStatus(cell, e.message, "bad");
-    part(cell, "prompt").textContent = "[!]";
+    if (controller.signal.aborted) {
+      setStatus(cell, session && language === "python" ? "interrupted (variables kept)" : "stopped", "bad");
+      part(cell, "prompt").textContent = "[!]";
+    } else {
+      setStatus(cell, e.message, "bad");
+      part(cell, "prompt").textContent = "[!]";
+    }
   } finally {
-    button.disabled = false;
+    cell.running = null;
+    button.textContent = "▶ Run";
+    button.title = "";
     cell.node.classList.remove("running");
+    saveCells();
   }
 }
 
@@ -254,6 +307,7 @@ $("detach-session").addEventListener("click", () => attach(null));
 $("delete-session").addEventListener("click", async () => {
   if (!session) return;
   const id = session;
+  if (!confirm(`Delete session ${id}? Its interpreter, its variables and the files in /workspace are removed for good.`)) return;
   try { await api("DELETE", `/v1/sessions/${id}`); } catch (e) { $("session-id").textContent = e.message; return; }
   localStorage.removeItem("sandloop-cells:" + id);
   attach(null);
@@ -289,7 +343,11 @@ async function refreshFiles() {
       actions.append(get);
     }
     const del = el("button", { className: "plain", textContent: "✕", title: "delete" });
-    del.addEventListener("click", async () => { await raw("DELETE", filesUrl(path)); refreshFiles(); });
+    del.addEventListener("click", async () => {
+      if (!confirm(`Delete ${path} from the session's workspace?`)) return;
+      await raw("DELETE", filesUrl(path));
+      refreshFiles();
+    });
     actions.append(del);
     tbody.append(el("tr", {}, name, el("td", { className: "muted", textContent: f.type === "dir" ? "" : f.size }), actions));
   }
@@ -365,8 +423,32 @@ async function refreshUsage() {
   } catch (e) { $("usage").textContent = ""; }
 }
 
-function start() {
+// A page with a token starts as a notebook: the session it had, else the newest of the token's,
+// else a new one (values and charts show in a session); one-off runs if none can be had.
+async function startNotebook() {
+  if (session) return;
+  let mine = [];
+  try { mine = await api("GET", "/v1/sessions"); } catch (e) { return; }
+  if (session) return; // chosen meanwhile (New session, open)
+  if (mine.length) {
+    mine.sort((a, b) => b.last_used - a.last_used);
+    attach(mine[0].id);
+    return;
+  }
+  try {
+    const s = await api("POST", "/v1/sessions", {
+      ttl_seconds: 3600, quota: "64m", limits: { memory: $("memory").value, runtime: $("runtime").value },
+    });
+    if (session) { api("DELETE", `/v1/sessions/${s.id}`).catch(() => {}); return; } // one was chosen meanwhile
+    attach(s.id);
+  } catch (e) {
+    $("mode").textContent = `No session (${e.message}): each cell runs once in a fresh sandbox; print what you want to see.`;
+  }
+}
+
+async function start() {
   if (!$("token").value.trim()) { $("mode").textContent = "Paste a token above (sandloop tokens create NAME) to start."; return; }
+  await startNotebook();
   refreshSessions();
   refreshFiles();
   refreshUsage();
