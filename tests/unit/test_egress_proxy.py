@@ -193,3 +193,200 @@ def test_a_tokens_egress_policy_bounds_what_its_runs_may_ask_for(tmp_path):
         }
         r = httpx.post(f"{url}/v1/agent/runs", json=agent, headers={"Authorization": f"Bearer {scoped}"})
         assert (r.status_code, r.json()["code"]) == (400, "invalid_argument") and "does not reach" in r.text
+
+
+# -- secrets: the value goes only in a named header's value, over TLS, to its hosts -----------------
+SECRET = "ghp_RealValue0123456789abcdef"
+
+
+@pytest.fixture
+def secret_proxy(tmp_path, servers):
+    ca_file = tmp_path / "upstream-ca.pem"
+    ca_file.write_text(servers.ca_pem)
+    made = EgressProxy(
+        tmp_path / "egress",
+        hosts=servers.hosts("allowed.test", "other.test"),
+        resolve=lambda host, port: ["203.0.113.9"],
+        upstream_ca=str(ca_file),
+    )
+    yield made
+    made.shutdown()
+
+
+def _armed(proxy, key: str, **options):
+    from sandloop.contract.egress import Secret
+
+    d = proxy.open(key, ("allowed.test", "other.test"))
+    (placeholder,) = proxy.arm(key, {"TOKEN": Secret(SECRET, hosts=["allowed.test"], **options)}).values()
+    return d, placeholder
+
+
+def _tls_request(proxy, d, host: str, request: str) -> bytes:
+    """One request through an intercepted tunnel (the sandbox trusts this install's CA)."""
+    s = _connect(d)
+    s.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    assert b" 200 " in head.split(b"\r\n")[0], head
+    context = ssl.create_default_context(cadata=proxy.authority.cert_pem)
+    with context.wrap_socket(s, server_hostname=host) as tls:
+        tls.sendall(request.encode())
+        return _read_all(tls)
+
+
+def test_a_secret_goes_in_its_header_over_tls_to_its_hosts(secret_proxy, servers):
+    d, placeholder = _armed(secret_proxy, "e-s1")
+    servers.seen.requests.clear()
+    reply = _tls_request(
+        secret_proxy,
+        d,
+        "allowed.test",
+        f"GET /api HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: Bearer {placeholder}\r\n\r\n",
+    )
+    assert reply.startswith(b"HTTP/1.1 200") and SECRET.encode() not in reply
+    assert servers.seen.requests[-1][2]["Authorization"] == f"Bearer {SECRET}"
+    (attempt,) = secret_proxy.attempts("e-s1")
+    assert attempt.allowed and "secret TOKEN sent" in attempt.note and SECRET not in attempt.note
+
+
+@pytest.mark.parametrize(
+    "request_text, why",
+    [
+        # the finding: a server echoes the URL back (a redirect's Location, a 404 page, a query)
+        ("GET /echo/{p}?q={p} HTTP/1.1\r\nHost: allowed.test\r\n\r\n", "request line"),
+        ("GET / HTTP/1.1\r\nHost: allowed.test\r\nX-Echo: {p}\r\n\r\n", "X-Echo"),
+        ("GET / HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: x\r\n{p}: y\r\n\r\n", "is in"),
+    ],
+    ids=["url", "other-header", "header-name"],
+)
+def test_a_placeholder_anywhere_but_its_header_is_refused_never_replaced(secret_proxy, servers, request_text, why):
+    d, placeholder = _armed(secret_proxy, "e-s2")
+    servers.seen.requests.clear()
+    reply = _tls_request(secret_proxy, d, "allowed.test", request_text.format(p=placeholder))
+    assert reply.startswith(b"HTTP/1.1 403") and why.encode() in reply, reply
+    assert SECRET.encode() not in reply and servers.seen.requests == []  # nothing reached the server
+    (attempt,) = secret_proxy.attempts("e-s2")
+    assert not attempt.allowed and "placeholder of secret TOKEN" in attempt.note
+
+
+def test_a_secret_is_not_sent_over_plain_http_unless_it_says_so(secret_proxy, servers):
+    d, placeholder = _armed(secret_proxy, "e-s3")
+    servers.seen.requests.clear()
+    s = _connect(d)
+    s.sendall(
+        f"GET http://allowed.test/p HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: {placeholder}\r\n\r\n".encode()
+    )
+    reply = _read_all(s)
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 403") and b"HTTPS only" in reply and servers.seen.requests == []
+    d, placeholder = _armed(secret_proxy, "e-s4", plain_http=True, headers=["X-Api-Key"])
+    s = _connect(d)
+    s.sendall(f"GET http://allowed.test/p HTTP/1.1\r\nHost: allowed.test\r\nX-Api-Key: {placeholder}\r\n\r\n".encode())
+    assert _read_all(s).startswith(b"HTTP/1.1 200")
+    s.close()
+    assert servers.seen.requests[-1][2]["X-Api-Key"] == SECRET
+
+
+def test_a_placeholder_to_another_host_is_sent_unreplaced_and_flagged(secret_proxy, servers):
+    d, placeholder = _armed(secret_proxy, "e-s5")
+    servers.seen.requests.clear()
+    reply = _tls_request(secret_proxy, d, "other.test", f"GET /{placeholder} HTTP/1.1\r\nHost: other.test\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 200") and SECRET.encode() not in reply  # the placeholder is no secret
+    (attempt,) = secret_proxy.attempts("e-s5")
+    assert "not one of its hosts" in attempt.note
+
+
+def test_a_secret_names_only_headers_it_may_go_in():
+    from sandloop.contract import InvalidArgument
+    from sandloop.contract.egress import Secret
+
+    assert Secret("v", hosts=["a.test"]).headers == ("authorization",)
+    assert Secret("v", hosts=["a.test"], headers=["X-Api-Key", "x-api-key"]).headers == ("x-api-key",)
+    for bad in (["Host"], ["Proxy-Authorization"], ["bad header"], []):
+        with pytest.raises(InvalidArgument):
+            Secret("v", hosts=["a.test"], headers=bad)
+
+
+@pytest.mark.parametrize("intercepted", [False, True], ids=["plain-http", "intercepted-tls"])
+def test_host_is_bound_to_the_host_the_request_was_allowed_for(secret_proxy, servers, intercepted):
+    """Before: ``GET http://allowed.test/`` with ``Host: other.test`` reached the allowed address as
+    other.test (a shared virtual host or CDN serves whoever Host names), a secret with it."""
+    d, placeholder = _armed(secret_proxy, f"e-h{int(intercepted)}", plain_http=True)
+    servers.seen.requests.clear()
+    if intercepted:
+        request = f"GET /h HTTP/1.1\r\nHost: other.test\r\nHost: {placeholder}\r\nAuthorization: {placeholder}\r\n\r\n"
+        reply = _tls_request(secret_proxy, d, "allowed.test", request)
+    else:
+        s = _connect(d)
+        s.sendall(
+            f"GET http://allowed.test/h HTTP/1.1\r\nHost: other.test\r\nAuthorization: {placeholder}\r\n\r\n".encode()
+        )
+        reply = _read_all(s)
+        s.close()
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+    (seen,) = servers.seen.requests
+    assert seen[2]["Host"] == "allowed.test" and list(seen[2]).count("Host") == 1, seen
+    assert seen[2]["Authorization"] == SECRET and placeholder not in str(seen)
+
+
+def test_an_absolute_url_to_another_host_inside_a_tunnel_is_refused(secret_proxy, servers):
+    d, _ = _armed(secret_proxy, "e-h2")
+    reply = _tls_request(
+        secret_proxy, d, "allowed.test", "GET https://other.test/x HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+    )
+    assert reply.startswith(b"HTTP/1.1 403") and b"inside a tunnel to 'allowed.test'" in reply
+
+
+def test_a_bare_lf_in_a_head_is_a_400(proxy, servers):
+    d = proxy.open("e-lf", ("allowed.test",))
+    s = _connect(d)
+    s.sendall(b"GET http://allowed.test/ HTTP/1.1\r\nX-A: 1\nHost: other.test\r\n\r\n")
+    reply = _read_all(s)
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 400") and b"bare LF" in reply
+    assert not proxy.attempts("e-lf")[0].allowed
+
+
+def _client_hello(server_name: str) -> bytes:
+    """A real ClientHello (Python's own), as one TLS record."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname=server_name)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_a_client_hello_split_over_two_records_is_read_whole(proxy, servers):
+    """Before: the proxy read the first record as the whole hello, found no server name there and
+    let the tunnel through, while the far server reassembled it and saw other.test."""
+    d = proxy.open("e-split", ("allowed.test:443",))
+    record = _client_hello("other.test")
+    body = record[5:]
+    half = len(body) // 3
+    split = b"".join(record[:3] + len(part).to_bytes(2, "big") + part for part in (body[:half], body[half:]))
+    s = _connect(d)
+    s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    s.sendall(split)
+    assert _read_all(s) == b""  # closed, nothing relayed
+    s.close()
+    (attempt,) = proxy.attempts("e-split")
+    assert not attempt.allowed and "'other.test' does not match" in attempt.note and attempt.bytes_in == 0
+
+
+@pytest.mark.parametrize("first", [b"GET / HTTP/1.1\r\n\r\n", b"SSH-2.0-x\r\n"], ids=["http", "ssh"])
+def test_a_tunnel_that_does_not_start_with_tls_is_refused(proxy, servers, first):
+    d = proxy.open("e-notls", ("allowed.test:443",))
+    s = _connect(d)
+    s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    s.sendall(first + b"\0" * 16)
+    assert _read_all(s) == b""
+    s.close()
+    (attempt,) = proxy.attempts("e-notls")
+    assert not attempt.allowed and "did not start with a TLS ClientHello" in attempt.note

@@ -254,3 +254,47 @@ def test_concurrent_token_use_is_thread_safe(tokens):
         t.join()
     assert tokens.usage(token.id).agent_iterations == 20
     assert os.path.exists(tokens.path)
+
+
+def test_concurrent_uploads_wait_for_their_place_before_the_server_reads_them(tmp_path):
+    """24 concurrent 16 MiB uploads from a 4-at-once token. Before: every body was read and only
+    then counted against the token (15 refused with 429 after reading), and the server's RSS went
+    75 -> 835 MiB. Now at most 4 are read at once; the rest are refused unread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    secret, _ = TokenStore(tmp_path / "tokens.sqlite").create("uploader", runs_per_minute=1000)  # 4 at once
+    auth = {"Authorization": f"Bearer {secret}"}
+    with sandloop_process("serve", home=tmp_path, env={"SANDLOOP_BACKEND": "fake"}) as (port, proc):
+        base = f"http://127.0.0.1:{port}"
+        sid = httpx.post(f"{base}/v1/sessions", json={"quota": "512m"}, headers=auth, timeout=60).json()["id"]
+        before = rss_bytes(proc.pid)
+        peak = before
+        done = threading.Event()
+
+        def watch() -> None:
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, rss_bytes(proc.pid))
+                done.wait(0.02)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        body = b"x" * (16 * 1024 * 1024 - 4096)
+
+        def upload(i: int) -> int:
+            return httpx.put(
+                f"{base}/v1/sessions/{sid}/files/f{i}", content=body, headers=auth, timeout=120
+            ).status_code
+
+        try:
+            with ThreadPoolExecutor(24) as pool:
+                statuses = list(pool.map(upload, range(24)))
+        finally:
+            done.set()
+            watcher.join()
+        after = rss_bytes(proc.pid)
+        httpx.delete(f"{base}/v1/sessions/{sid}", headers=auth, timeout=60)
+    print(f"\nRSS {before >> 20} MiB -> peak {peak >> 20} -> {after >> 20} MiB; answers {sorted(statuses)}")
+    assert set(statuses) <= {200, 201, 204, 429} and statuses.count(429) < 24, statuses
+    # 4 bodies of 16 MiB at once, each held a few times on its way into the sandbox
+    assert peak - before < 4 * 16 * 2**20 * 5, (before, peak)  # before: 24 bodies read at once

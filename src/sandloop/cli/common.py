@@ -236,8 +236,9 @@ def _print_result(result: ExecutionResult, as_json: bool, streamed: Streamer | N
 
 
 SECRET_HELP = (
-    "NAME=ENVVAR@host[,host]: the program sees a placeholder in $NAME; the egress proxy sends the value "
-    "of your $ENVVAR in its place to those hosts only (which --allow must list). Repeatable."
+    "NAME=ENVVAR@host[,host][;header=NAME][;plain-http]: the program sees a placeholder in $NAME; the "
+    "egress proxy sends the value of your $ENVVAR in its place only in the Authorization header (or the "
+    "one named) of HTTPS requests to those hosts (which --allow must list). Repeatable."
 )
 
 
@@ -249,16 +250,27 @@ def parse_secrets(specs: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for spec in specs or []:
         name, eq, rest = spec.partition("=")
-        envvar, at, hosts = rest.partition("@")
+        envvar, at, rest = rest.partition("@")
+        hosts, *options = rest.split(";")
         if not (name and eq and envvar and at and hosts):
             raise _fail(
                 f"--secret {spec!r}: write NAME=ENVVAR@host[,host], e.g. GITHUB_TOKEN=GH_TOKEN@api.github.com", 2
             )
+        headers = [o.removeprefix("header=") for o in options if o.startswith("header=")]
+        plain_http = "plain-http" in options
+        unknown = [o for o in options if not o.startswith("header=") and o != "plain-http"]
+        if unknown:
+            raise _fail(f"--secret {name}: unknown option {unknown[0]!r} (header=NAME or plain-http)", 2)
         value = os.environ.get(envvar)
         if not value:
             raise _fail(f"--secret {name}: the environment variable {envvar} is not set (export it first)", 2)
         try:
-            out[name] = Secret(value, hosts=[h for h in hosts.split(",") if h])
+            out[name] = Secret(
+                value,
+                hosts=[h for h in hosts.split(",") if h],
+                **({"headers": headers} if headers else {}),
+                plain_http=plain_http,
+            )
         except SandboxError as exc:
             raise _fail(f"--secret {name}: {exc}", 2) from None
     return out

@@ -121,21 +121,52 @@ class EgressAttempt(BaseModel):
     bytes_in: int = Field(0, description="Bytes the destination sent back.")
 
 
+#: Headers a secret's placeholder is replaced in unless the secret names others.
+DEFAULT_SECRET_HEADERS = ("authorization",)
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
+#: Headers a secret may never go in: the proxy's own, and the ones servers route or echo by.
+_NEVER_SECRET = frozenset({"host", "proxy-authorization", "connection", "content-length", "transfer-encoding"})
+
+
 class Secret(BaseModel):
     """A value code may use but never see: inside the sandbox its variable holds a placeholder,
-    and the egress proxy puts the value in place of it only in requests to ``hosts`` (headers).
-    ``Secret(os.environ["GITHUB_TOKEN"], hosts=["api.github.com"])``."""
+    and the egress proxy puts the value in place of it only in the value of one of ``headers``
+    (``Authorization`` unless others are named) of a request to one of ``hosts``, over TLS unless
+    ``plain_http``. A placeholder in the URL, ``Host``, or another header of a request to those
+    hosts is refused (a server would echo it back: a redirect's ``Location``, a 404 page).
+    ``Secret(os.environ["GITHUB_TOKEN"], hosts=["api.github.com"])``,
+    ``Secret(key, hosts=["api.example.com"], headers=["X-Api-Key"])``."""
 
     model_config = ConfigDict(frozen=True)
 
     value: SecretStr
     hosts: tuple[str, ...]
+    headers: tuple[str, ...] = DEFAULT_SECRET_HEADERS
+    plain_http: bool = False
 
     def __init__(self, value: str | SecretStr, hosts: Any = (), **data: Any) -> None:
         try:
             super().__init__(value=value, hosts=hosts, **data)
         except ValidationError as exc:
-            raise InvalidArgument("; ".join(str(e["msg"]) for e in exc.errors())) from None
+            raise InvalidArgument(
+                "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+            ) from None
+
+    @field_validator("headers", mode="before")
+    @classmethod
+    def _headers(cls, v: object) -> tuple[str, ...]:
+        if isinstance(v, str):
+            v = (v,)
+        if not isinstance(v, list | tuple) or not v or len(v) > 8:
+            raise ValueError("a secret's headers are 1 to 8 header names, e.g. headers=['Authorization']")
+        names = []
+        for name in v:
+            if not isinstance(name, str) or not _HEADER_NAME.match(name):
+                raise ValueError(f"{name!r} is not a header name")
+            if name.lower() in _NEVER_SECRET:
+                raise ValueError(f"a secret cannot go in the {name} header")
+            names.append(name.lower())
+        return tuple(dict.fromkeys(names))
 
     @field_validator("hosts", mode="before")
     @classmethod

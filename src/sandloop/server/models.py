@@ -66,6 +66,10 @@ class SecretIn(_In):
 
     value: str = Field(min_length=1, max_length=8192)
     hosts: list[str] = Field(min_length=1, max_length=16)
+    headers: list[str] = Field(
+        ["Authorization"], min_length=1, max_length=8, description="The headers whose values may carry it."
+    )
+    plain_http: bool = Field(False, description="Also over plain HTTP (by default HTTPS only).")
 
 
 _SECRETS: Any = Field(
@@ -112,7 +116,9 @@ class CellIn(_In):
 
 def secrets_of(given: dict[str, SecretIn]) -> dict[str, Secret]:
     """Request secrets as the core's ``Secret``s (``InvalidArgument`` for a bad one)."""
-    return {name: Secret(s.value, hosts=s.hosts) for name, s in given.items()}
+    return {
+        name: Secret(s.value, hosts=s.hosts, headers=s.headers, plain_http=s.plain_http) for name, s in given.items()
+    }
 
 
 class SessionIn(_In):

@@ -264,27 +264,54 @@ class EgressProxy:
             placeholders[name] = placeholder
         return placeholders
 
-    def _with_secrets(self, box: _Box, attempt: _Attempt, head: bytes) -> bytes:
-        """A request head with each placeholder replaced by its value where this host is one of
-        its secret's hosts; a placeholder sent elsewhere is left as it is and flagged."""
+    def _with_secrets(self, box: _Box, attempt: _Attempt, head: bytes, *, tls: bool) -> bytes:
+        """A request head with each placeholder replaced by its value, where this host is one of
+        its secret's hosts, only in the value of one of the secret's headers, and only over TLS
+        (or plain HTTP where the secret allows it). A placeholder sent to another host is left as
+        it is and flagged (it is not the value). To one of its hosts, a placeholder anywhere else
+        (the request line, ``Host``, another header) refuses the request: a server would echo it
+        back (a redirect's ``Location``, a 404 page), and the value with it."""
         if not box.secrets:
             return head
         text = head.decode("latin-1")
+        found = [(p, name, secret) for p, (name, secret) in box.secrets.items() if p in text]
+        if not found:
+            return head
+        request_line, _, rest = text.partition("\r\n")
+        lines = rest.split("\r\n")
         notes = []
-        for placeholder, (name, secret) in box.secrets.items():
-            if placeholder not in text:
-                continue
-            if allows(secret.hosts, attempt.host, attempt.port):
-                text = text.replace(placeholder, secret.value.get_secret_value())
-                notes.append(f"secret {name} sent")
-            else:
+        for placeholder, name, secret in found:
+            if not allows(secret.hosts, attempt.host, attempt.port):
                 notes.append(
                     f"carried the placeholder of secret {name} to {attempt.host}, not one of its hosts "
                     f"({', '.join(secret.hosts)}): not replaced"
                 )
+                continue
+            if placeholder in request_line:
+                raise Refused(
+                    f"the placeholder of secret {name} is in the request line (the URL): a secret is sent "
+                    f"only in a header ({', '.join(secret.headers)}), never where a server can echo it back"
+                )
+            if not tls and not secret.plain_http:
+                raise Refused(
+                    f"secret {name} goes over HTTPS only (this request to {attempt.host} is plain HTTP); "
+                    "use https://, or allow plain HTTP for this secret (plain_http)"
+                )
+            for i, line in enumerate(lines):
+                if placeholder not in line:
+                    continue
+                header, colon, value = line.partition(":")
+                if not colon or header.strip().lower() not in secret.headers or placeholder in header:
+                    where = header.strip() if colon else "a malformed header line"
+                    raise Refused(
+                        f"the placeholder of secret {name} is in {where!s}: it is sent only in "
+                        f"{', '.join(secret.headers)} (name others with the secret's headers)"
+                    )
+                lines[i] = f"{header}:{value.replace(placeholder, secret.value.get_secret_value())}"
+            notes.append(f"secret {name} sent")
         for note in notes:
             attempt.add_note(note)
-        return text.encode("latin-1")
+        return "\r\n".join([request_line, *lines]).encode("latin-1")
 
     def attempt_count(self, key: str) -> int:
         box = self._boxes.get(key)
@@ -407,11 +434,10 @@ class EgressProxy:
             if method == "CONNECT":
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 await writer.drain()
-                forward = await _first_bytes(reader)
-                sni = _sni(forward)
-                if sni is not None and sni.lower().rstrip(".") != host:
-                    attempt.allowed = False
-                    attempt.note = f"the TLS server name {sni!r} does not match the tunnel's host {host!r}"
+                forward, hello = await _client_hello(reader)
+                refusal = _tunnel_refusal(host, hello)
+                if refusal:
+                    attempt.allowed, attempt.note = False, refusal
                     return
             try:
                 up_reader, up_writer = await asyncio.wait_for(
@@ -423,7 +449,9 @@ class EgressProxy:
                     await _reply(writer, 502, attempt.note)
                 return
             upstream = up_writer
-            await _relay(self._with_secrets(box, attempt, forward), reader, writer, up_reader, up_writer, attempt)
+            await _relay(
+                self._with_secrets(box, attempt, forward, tls=False), reader, writer, up_reader, up_writer, attempt
+            )
         except Refused as exc:
             if attempt is not None:
                 attempt.allowed, attempt.note = False, str(exc)
@@ -460,7 +488,7 @@ class EgressProxy:
             )
             return None
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-        head = self._with_secrets(box, attempt, _closing(head))
+        head = self._with_secrets(box, attempt, _closing(head, host, attempt.port), tls=True)
         client = ssl.create_default_context(cafile=self._upstream_ca)
         try:
             up_reader, up_writer = await asyncio.wait_for(
@@ -554,17 +582,65 @@ def _global(address: str) -> bool:
 _HOP_BY_HOP = ("proxy-authorization", "proxy-connection", "connection")
 
 
-def _closing(head: bytes) -> bytes:
-    """A request head that asks for the connection to close after its response: the next request
-    on a tunnel would otherwise go by unread (and without its secrets)."""
-    lines = head.decode("latin-1").split("\r\n")
-    kept = [line for line in lines[1:] if line and line.split(":", 1)[0].strip().lower() not in _HOP_BY_HOP]
-    return "\r\n".join([lines[0], *kept, "Connection: close", "", ""]).encode("latin-1")
+def _tunnel_refusal(host: str, hello: bytes | None) -> str | None:
+    """Why a tunnel to ``host`` that starts with ``hello`` is refused, or None. Only TLS, and its
+    server name is the tunnel's host (none only for an IP address, where clients send none)."""
+    if hello is None:
+        return "the tunnel did not start with a TLS ClientHello (only HTTPS goes through a tunnel)"
+    sni = _sni(hello)
+    if sni is None:
+        try:
+            ipaddress.ip_address(host)
+            return None
+        except ValueError:
+            return f"the TLS ClientHello names no server (SNI) in a tunnel to {host!r}"
+    if sni.lower().rstrip(".") != host:
+        return f"the TLS server name {sni!r} does not match the tunnel's host {host!r}"
+    return None
+
+
+def _strict_lines(head: bytes) -> list[str]:
+    """A request head's lines, refusing a bare LF or CR: a server that ends lines at a bare LF
+    would see a header (a second ``Host``) that this proxy never checked."""
+    text = head.decode("latin-1")
+    if "\n" in text.replace("\r\n", "") or "\r" in text.replace("\r\n", ""):
+        raise _BadRequest("a request head may end its lines only with CRLF (a bare LF or CR was sent)")
+    return text.split("\r\n")
+
+
+def _authority(host: str, port: int, default_port: int) -> str:
+    name = f"[{host}]" if ":" in host else host
+    return name if port == default_port else f"{name}:{port}"
+
+
+def _bound(lines: list[str], request_line: str, host: str, port: int, default_port: int) -> bytes:
+    """The head to send upstream: hop-by-hop headers dropped, exactly one ``Host`` and it names the
+    host this request was allowed for (a virtual host or CDN serves whoever ``Host`` names), and a
+    request to close after its response (the next request on the connection would go unchecked)."""
+    kept = [line for line in lines if line and line.split(":", 1)[0].strip().lower() not in (*_HOP_BY_HOP, "host")]
+    out = [request_line, f"Host: {_authority(host, port, default_port)}", *kept, "Connection: close", "", ""]
+    return "\r\n".join(out).encode("latin-1")
+
+
+def _closing(head: bytes, host: str, port: int) -> bytes:
+    """A request head read inside an intercepted tunnel, bound to the tunnel's host (see _bound);
+    an absolute URL naming another host is refused."""
+    lines = _strict_lines(head)
+    parts = lines[0].split(" ")
+    if len(parts) != 3:
+        raise _BadRequest(f"not an HTTP request: {lines[0][:100]!r}")
+    target = parts[1]
+    if "://" in target:
+        url = urlsplit(target)
+        if (url.hostname or "").lower().rstrip(".") != host or (url.port or 443) != port:
+            raise Refused(f"the request names {url.hostname!r} inside a tunnel to {host!r}")
+        parts[1] = (url.path or "/") + (f"?{url.query}" if url.query else "")
+    return _bound(lines[1:], " ".join(parts), host, port, 443)
 
 
 def _parse_head(head: bytes) -> tuple[str, str, int, bytes]:
     """(method, host, port, the bytes to send upstream) of a proxy request's head."""
-    lines = head.decode("latin-1").split("\r\n")
+    lines = _strict_lines(head)
     try:
         method, target, version = lines[0].split(" ")
     except ValueError:
@@ -581,36 +657,51 @@ def _parse_head(head: bytes) -> tuple[str, str, int, bytes]:
             f"got {target[:100]!r}"
         )
     path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    headers = [line for line in lines[1:] if line and line.split(":", 1)[0].strip().lower() not in _HOP_BY_HOP]
-    out = "\r\n".join([f"{method} {path} {version}", *headers, "Connection: close", "", ""])
-    return method, url.hostname.lower().rstrip("."), url.port or 80, out.encode("latin-1")
+    name, number = url.hostname.lower().rstrip("."), url.port or 80
+    return method, name, number, _bound(lines[1:], f"{method} {path} {version}", name, number, 80)
 
 
-async def _first_bytes(reader: asyncio.StreamReader) -> bytes:
-    """The client's first bytes in a tunnel: a whole TLS record when it starts one."""
-    first = await asyncio.wait_for(reader.read(5), 30)
-    if len(first) == 5 and first[0] == 0x16:  # a TLS handshake record
-        length = int.from_bytes(first[3:5], "big")
-        first += await asyncio.wait_for(reader.readexactly(min(length, 1 << 14)), 30)
-    return first
+#: The most of a ClientHello read before deciding (one is rarely over 2 KiB; post-quantum ~1.8 KiB).
+MAX_CLIENT_HELLO = 64 * 1024
 
 
-def _sni(record: bytes) -> str | None:
-    """The server name of a TLS ClientHello record, or None (not TLS, or no SNI)."""
+async def _client_hello(reader: asyncio.StreamReader) -> tuple[bytes, bytes | None]:
+    """(every byte read, the whole ClientHello handshake message, or None when the tunnel does not
+    start with one). The hello is reassembled across TLS records: split over two, its server
+    name was once in the second, which the proxy did not read (issue 27 #2)."""
+    raw = hello = b""
+    while True:
+        header = await asyncio.wait_for(reader.readexactly(5), 30)
+        raw += header
+        length = int.from_bytes(header[3:5], "big")
+        if header[0] != 0x16 or not 0 < length <= (1 << 14):
+            return raw, None
+        body = await asyncio.wait_for(reader.readexactly(length), 30)
+        raw, hello = raw + body, hello + body
+        if len(hello) >= 4:
+            if hello[0] != 0x01:  # not a ClientHello
+                return raw, None
+            need = 4 + int.from_bytes(hello[1:4], "big")
+            if need > MAX_CLIENT_HELLO:
+                return raw, None
+            if len(hello) >= need:
+                return raw, hello[:need]
+
+
+def _sni(hello: bytes) -> str | None:
+    """The server name of a ClientHello handshake message, or None (none, or unreadable)."""
     try:
-        if len(record) < 43 or record[0] != 0x16 or record[5] != 0x01:
-            return None
-        i = 5 + 4 + 2 + 32  # record header, handshake header, version, random
-        i += 1 + record[i]  # session id
-        i += 2 + int.from_bytes(record[i : i + 2], "big")  # cipher suites
-        i += 1 + record[i]  # compression methods
-        end = i + 2 + int.from_bytes(record[i : i + 2], "big")
+        i = 4 + 2 + 32  # handshake header, version, random
+        i += 1 + hello[i]  # session id
+        i += 2 + int.from_bytes(hello[i : i + 2], "big")  # cipher suites
+        i += 1 + hello[i]  # compression methods
+        end = i + 2 + int.from_bytes(hello[i : i + 2], "big")
         i += 2
         while i + 4 <= end:
-            kind, size = int.from_bytes(record[i : i + 2], "big"), int.from_bytes(record[i + 2 : i + 4], "big")
+            kind, size = int.from_bytes(hello[i : i + 2], "big"), int.from_bytes(hello[i + 2 : i + 4], "big")
             if kind == 0:  # server_name: list length, name type, name length, name
-                n = int.from_bytes(record[i + 7 : i + 9], "big")
-                return record[i + 9 : i + 9 + n].decode("ascii")
+                n = int.from_bytes(hello[i + 7 : i + 9], "big")
+                return hello[i + 9 : i + 9 + n].decode("ascii")
             i += 4 + size
     except (IndexError, UnicodeDecodeError):
         return None
