@@ -342,9 +342,21 @@ def test_a_session_reaches_its_allowlist_from_any_process_with_its_secrets(secre
             "req = urllib.request.Request('https://allowed.test/cell-secret', headers={'X-Key': os.environ['KEY']})\n"
             "urllib.request.urlopen(req, timeout=20).read().decode()"
         )
-        c = s.run_cell(secret_cell, secrets={"KEY": Secret(SECRET_VALUE, hosts=["allowed.test"], headers=["X-Key"])})
+        c = s.run_cell(
+            "kept = os.environ['KEY']\n" + secret_cell,
+            secrets={"KEY": Secret(SECRET_VALUE, hosts=["allowed.test"], headers=["X-Key"])},
+        )
         assert "hello from https /cell-secret" in (c.value or ""), (c.stdout, c.stderr)
         assert SECRET_VALUE not in c.model_dump_json()
+        # a secret lives for its cell: the next cell has no variable, and the placeholder it kept
+        # is a plain string to the proxy now (before: later cells could still use it)
+        later = (
+            "print('KEY' in os.environ)\n"
+            "req = urllib.request.Request('https://allowed.test/after-cell', headers={'X-Key': kept})\n"
+            "urllib.request.urlopen(req, timeout=20).read().decode()"
+        )
+        c = s.run_cell(later)
+        assert c.stdout == "False\n" and "hello from https /after-cell" in (c.value or ""), (c.stdout, c.stderr)
         s.close()  # this process lets go; the interpreter lives on
 
         env = {**os.environ, "SANDLOOP_EGRESS_HOSTS": json.dumps(servers.hosts())}
@@ -360,6 +372,7 @@ def test_a_session_reaches_its_allowlist_from_any_process_with_its_secrets(secre
         again.close()
         seen = {path: headers.get("X-Key") for _, path, headers in servers.seen.requests}
         assert seen["/cell-secret"] == SECRET_VALUE and "/cli-cell" in seen
+        assert seen["/after-cell"].startswith("sandloop-secret-KEY-")  # the placeholder, not the value
     finally:
         secret_root.attach_session(sid).delete()
     assert not (egress_state() / kernel_egress_key(sid)).exists()

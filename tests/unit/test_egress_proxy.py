@@ -390,3 +390,32 @@ def test_a_tunnel_that_does_not_start_with_tls_is_refused(proxy, servers, first)
     s.close()
     (attempt,) = proxy.attempts("e-notls")
     assert not attempt.allowed and "did not start with a TLS ClientHello" in attempt.note
+
+
+def test_wildcards_never_name_addresses_and_bad_hosts_get_an_answer(proxy, servers):
+    """Before: '*.0.1:PORT' matched 127.0.0.1 (an IP literal skips the inward check), and
+    CONNECT a..allowed.test escaped as an unhandled error with an "allowed" entry and no reply."""
+    with pytest.raises(InvalidLimits, match="wildcard covers host names only"):
+        SandboxLimits(egress=["*.0.1:9"])
+    assert allows(("*.example.com",), "10.example.com", 443)  # a name with digits is fine
+    assert not allows(("*.1.1",), "1.1.1.1", 443)
+    d = proxy.open("e-bad", ("*.allowed.test",))
+    for target in ("a..allowed.test:443", "-x.allowed.test:443", "ok.allowed.test:0"):
+        s = _connect(d)
+        s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        assert _read_all(s).startswith(b"HTTP/1.1 400"), target
+        s.close()
+    assert [a.allowed for a in proxy.attempts("e-bad")] == [False, False, False]
+
+
+def test_a_head_over_the_limit_gets_an_answer_and_an_entry(proxy):
+    from sandloop.runtime.egress.proxy import HEAD_LIMIT
+
+    d = proxy.open("e-big", ("allowed.test",))
+    s = _connect(d)
+    s.sendall(b"GET http://allowed.test/ HTTP/1.1\r\nX: " + b"a" * (HEAD_LIMIT + 10))
+    reply = _read_all(s)
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:100]
+    (attempt,) = proxy.attempts("e-big")
+    assert not attempt.allowed and "over" in attempt.note

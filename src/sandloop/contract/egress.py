@@ -37,6 +37,20 @@ def _split(rule: str) -> tuple[str, int | None]:
     return host.rstrip("."), int(port)
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def is_hostname(host: str) -> bool:
+    """Whether ``host`` is a well-formed DNS name (no empty labels, no stray characters)."""
+    labels = host.rstrip(".").split(".")
+    return 0 < len(host) <= 253 and all(_LABEL.match(label) for label in labels)
+
+
 def normalize_rule(rule: str) -> str:
     """``'PyPI.org.'`` -> ``'pypi.org'``; raises ``ValueError`` with what is wrong."""
     if not isinstance(rule, str) or not rule.strip():
@@ -63,6 +77,11 @@ def normalize_rule(rule: str) -> str:
         if host.startswith("*.") and len(labels) < 2:
             wide = f"egress rule {rule!r} is too wide: a wildcard needs a domain, e.g. '*.example.com'"
             raise ValueError(wide) from None
+        if host.startswith("*.") and labels[-1].isdigit():
+            # '*.0.1' would match IP addresses (127.0.0.1), which then skip the inward check
+            raise ValueError(
+                f"egress rule {rule!r}: a wildcard covers host names only; list an address as it is"
+            ) from None
     return host if port is None else f"{host}:{port}"
 
 
@@ -74,6 +93,8 @@ def rule_allows(rule: str, host: str, port: int) -> bool:
     if port not in ((rule_port,) if rule_port is not None else DEFAULT_PORTS):
         return False
     if pattern.startswith("*."):
+        if _is_ip(host):  # a wildcard never names an address
+            return False
         return host.endswith(pattern[1:]) and len(host) > len(pattern) - 1
     return host == pattern
 

@@ -120,7 +120,8 @@ def serve():
         header = json.loads(launcher.read_exact(int(pre[len(launcher.PREAMBLE) : -1]), "cell header").decode())
         code = launcher.read_exact(int(header["code"]), "cell").decode("utf-8", "replace")
         nonce = str(header.get("nonce") or "")
-        os.environ.update(header.get("env") or {})  # secrets' placeholders (never their values)
+        armed = header.get("env") or {}
+        os.environ.update(armed)  # secrets' placeholders (never their values), for this cell only
         if header.get("ca"):
             launcher.trust(header["ca"])
         try:
@@ -134,6 +135,9 @@ def serve():
                 stream.flush()
             except Exception:
                 pass
+        for name, placeholder in armed.items():  # the proxy forgets them too: a later cell gets none
+            if os.environ.get(name) == placeholder:
+                del os.environ[name]
         reply = {"value": value, "value_omitted": omitted, "artifacts": artifacts, "error": error}
         payload = base64.b64encode(json.dumps(reply).encode())
         line = b"\0\x1esandloop-exit:%s:%d" % (nonce.encode(), status)

@@ -322,11 +322,30 @@ class DockerBackend:
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> CellResult:
-        started = time.monotonic()
         nonce = protocol.new_nonce()
         env, ca_pem = self._arm(kernel, secrets)
-        seen_before = self.egress.attempt_count(kernel.egress) if kernel.egress else 0
         collector = kernel.collector = protocol.cell_collector(kernel.collector, limits.output_limit, nonce, on_output)
+        try:
+            return self._cell(kernel, code, nonce, env, ca_pem, collector, limits, interrupt_after, grace, cancel)
+        finally:
+            if env and kernel.egress is not None:  # a secret lives for its cell (issue 27 #6)
+                self.egress.disarm(kernel.egress, env)
+
+    def _cell(
+        self,
+        kernel: LiveSandbox,
+        code: str,
+        nonce: str,
+        env: dict[str, str] | None,
+        ca_pem: str | None,
+        collector: Any,
+        limits: SandboxLimits,
+        interrupt_after: float,
+        grace: float,
+        cancel: threading.Event | None,
+    ) -> CellResult:
+        started = time.monotonic()
+        seen_before = self.egress.attempt_count(kernel.egress) if kernel.egress else 0
         try:
             kernel.sock.sendall(protocol.encode_cell(code, nonce, env=env, ca_pem=ca_pem))
         except OSError as exc:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sandloop.contract.egress import EgressAttempt, Secret, allows
+from sandloop.contract.egress import EgressAttempt, Secret, allows, is_hostname
 from sandloop.runtime.egress.authority import CertificateAuthority
 from sandloop.runtime.labels import owner_id
 
@@ -264,6 +264,15 @@ class EgressProxy:
             placeholders[name] = placeholder
         return placeholders
 
+    def disarm(self, key: str, placeholders: Mapping[str, str] | None) -> None:
+        """Forget a run's or a cell's secrets: their placeholders are plain strings from now on (a
+        later cell of the same interpreter, or a thread the cell left running, gets nothing)."""
+        box = self._boxes.get(key)
+        if box is None or not placeholders:
+            return
+        for placeholder in placeholders.values():
+            box.secrets.pop(placeholder, None)
+
     def _with_secrets(self, box: _Box, attempt: _Attempt, head: bytes, *, tls: bool) -> bytes:
         """A request head with each placeholder replaced by its value, where this host is one of
         its secret's hosts, only in the value of one of the secret's headers, and only over TLS
@@ -414,7 +423,13 @@ class EgressProxy:
         upstream: asyncio.StreamWriter | None = None
         attempt: _Attempt | None = None
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+            except (asyncio.LimitOverrunError, ValueError):  # over HEAD_LIMIT: said, not dropped
+                note = f"the request head is over {HEAD_LIMIT // 1024} KiB"
+                box.record(_Attempt("?", 0, "?", allowed=False, note=note))
+                await _reply(writer, 431, note)
+                return
             try:
                 method, host, port, forward = _parse_head(head)
             except _BadRequest as exc:
@@ -582,6 +597,19 @@ def _global(address: str) -> bool:
 _HOP_BY_HOP = ("proxy-authorization", "proxy-connection", "connection")
 
 
+def _checked_host(host: str) -> str:
+    """A request's host if it is a host name or an IP address (``a..allowed.test`` once escaped as
+    an unhandled error with an "allowed" audit entry and no reply)."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    if not is_hostname(host):
+        raise _BadRequest(f"{host[:100]!r} is not a host name")
+    return host
+
+
 def _tunnel_refusal(host: str, hello: bytes | None) -> str | None:
     """Why a tunnel to ``host`` that starts with ``hello`` is refused, or None. Only TLS, and its
     server name is the tunnel's host (none only for an IP address, where clients send none)."""
@@ -649,7 +677,10 @@ def _parse_head(head: bytes) -> tuple[str, str, int, bytes]:
         host, _, port = target.rpartition(":")
         if not port.isdigit() or not host:
             raise _BadRequest(f"CONNECT needs host:port, got {target[:100]!r}")
-        return method, host.strip("[]").lower().rstrip("."), int(port), b""
+        name = _checked_host(host.strip("[]").lower().rstrip("."))
+        if not 1 <= int(port) <= 65535:
+            raise _BadRequest(f"CONNECT needs a port from 1 to 65535, got {port[:10]!r}")
+        return method, name, int(port), b""
     url = urlsplit(target)
     if url.scheme != "http" or not url.hostname:
         raise _BadRequest(
@@ -657,7 +688,11 @@ def _parse_head(head: bytes) -> tuple[str, str, int, bytes]:
             f"got {target[:100]!r}"
         )
     path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    name, number = url.hostname.lower().rstrip("."), url.port or 80
+    try:
+        number = url.port or 80
+    except ValueError:
+        raise _BadRequest(f"a bad port in {target[:100]!r}") from None
+    name = _checked_host(url.hostname.lower().rstrip("."))
     return method, name, number, _bound(lines[1:], f"{method} {path} {version}", name, number, 80)
 
 
@@ -744,7 +779,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, atte
 
 
 async def _reply(writer: asyncio.StreamWriter, status: int, message: str) -> None:
-    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
+    reason = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large", 502: "Bad Gateway"}[status]
     body = f"sandloop egress: {message}\n".encode()
     head = (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
