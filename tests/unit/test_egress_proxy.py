@@ -377,7 +377,7 @@ def test_a_client_hello_split_over_two_records_is_read_whole(proxy, servers):
     assert not attempt.allowed and "'other.test' does not match" in attempt.note and attempt.bytes_in == 0
 
 
-@pytest.mark.parametrize("first", [b"GET / HTTP/1.1\r\n\r\n", b"SSH-2.0-x\r\n"], ids=["http", "ssh"])
+@pytest.mark.parametrize("first", [b"SSH-2.0-x\r\n", b"\x00\x01\x02\x03\x04\x05"], ids=["ssh", "binary"])
 def test_a_tunnel_that_does_not_start_with_tls_is_refused(proxy, servers, first):
     d = proxy.open("e-notls", ("allowed.test:443",))
     s = _connect(d)
@@ -419,3 +419,19 @@ def test_a_head_over_the_limit_gets_an_answer_and_an_entry(proxy):
     assert reply.startswith(b"HTTP/1.1 431"), reply[:100]
     (attempt,) = proxy.attempts("e-big")
     assert not attempt.allowed and "over" in attempt.note
+
+
+def test_plain_http_inside_a_tunnel_is_bound_to_the_tunnels_host(proxy, servers):
+    """Node's fetch tunnels http:// URLs too: the request inside is read and bound like any."""
+    d = proxy.open("e-plain-tunnel", ("allowed.test",))
+    servers.seen.requests.clear()
+    s = _connect(d)
+    s.sendall(b"CONNECT allowed.test:80 HTTP/1.1\r\nHost: allowed.test:80\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    s.sendall(b"GET /inside HTTP/1.1\r\nHost: other.test\r\n\r\n")
+    reply = _read_all(s)
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"hello from http /inside\n")
+    assert servers.seen.requests[-1][2]["Host"] == "allowed.test"

@@ -8,8 +8,8 @@ In this order, before any route, dependency or JSON parser sees the request:
 2. authentication of protected paths from the ``Authorization`` header alone: a request without
    a valid token is refused (401) before a byte of its body is read; the token is handed on in
    ``scope["state"]["token"]``;
-3. the body budget (``BodyBudget``): a request that will send a body of more than 64 KiB takes a
-   place for it before a byte is read: at most as many at once per caller as its token's
+3. the body budget (``BodyBudget``): a request that declares a body of more than 64 KiB takes a
+   place for it before a byte is read (one without a declared length, once 64 KiB have come in): at most as many at once per caller as its token's
    ``max_concurrent`` (a sandbox's own traffic: 4), and at most ``BodyBudget.total`` bytes of such
    bodies across all callers; past either it is refused (429 / 503 with ``Retry-After``) unread.
    Before, bodies were read and only then counted against the token: 24 concurrent 16 MiB uploads
@@ -173,41 +173,54 @@ class RequestGuard:
                 await refuse(401, "unauthorized", found, [(b"www-authenticate", b"Bearer")])
                 return
             scope.setdefault("state", {})["token"] = found
-        # a body with no declared length (chunked) may grow to the cap: budget the cap
-        chunked = b"transfer-encoding" in headers
-        size = int(declared) if declared is not None else (cap if chunked else 0)
-        if size > SMALL_BODY:
-            if isinstance(found, Token):
-                caller, limit = f"token:{found.id}", found.max_concurrent
-            else:
-                caller, limit = f"other:{found!r}", DEFAULT_BODIES_AT_ONCE
-            why = self.bodies.take(caller, limit, size)
+        if isinstance(found, Token):
+            caller, limit = f"token:{found.id}", found.max_concurrent
+        else:
+            caller, limit = f"other:{found!r}", DEFAULT_BODIES_AT_ONCE
+        declared_size = int(declared) if declared is not None else 0
+        if declared_size > SMALL_BODY:  # declared: its place is taken before a byte is read
+            why = self.bodies.take(caller, limit, declared_size)
             if why is not None:
-                busy = why.startswith("the server")
-                await refuse(
-                    503 if busy else 429,
-                    "busy" if busy else "too_many_concurrent",
-                    why,
-                    [(b"retry-after", b"1")],
-                )
+                await self._refuse_body(refuse, why)
                 return
             try:
                 await self._guarded(scope, receive, send, cap, refuse)
             finally:
-                self.bodies.give_back(caller, size)
+                self.bodies.give_back(caller, declared_size)
             return
-        await self._guarded(scope, receive, send, cap, refuse)
+        # No declared length (chunked; a streaming RPC's small frames): a place is taken, for the
+        # cap, only once more than SMALL_BODY has come in.
+        await self._guarded(scope, receive, send, cap, refuse, lazy=(caller, limit))
 
-    async def _guarded(self, scope: Scope, receive: Receive, send: Send, cap: int, refuse: Any) -> None:
+    async def _refuse_body(self, refuse: Any, why: str) -> None:
+        busy = why.startswith("the server")
+        await refuse(503 if busy else 429, "busy" if busy else "too_many_concurrent", why, [(b"retry-after", b"1")])
 
+    async def _guarded(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        cap: int,
+        refuse: Any,
+        lazy: tuple[str, int] | None = None,
+    ) -> None:
         received = 0
-        started = rejected = False
+        started = rejected = placed = False
 
         async def counted_receive() -> Message:
-            nonlocal received, rejected
+            nonlocal received, rejected, placed
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                if lazy is not None and not placed and received > SMALL_BODY:
+                    why = self.bodies.take(lazy[0], lazy[1], cap)
+                    if why is not None:
+                        if not started:
+                            await self._refuse_body(refuse, why)
+                            rejected = True
+                        raise _BodyTooLarge
+                    placed = True
                 if received > cap:
                     if not started:
                         # Answer now: the app turns a failed body read into its own 400, which
@@ -235,3 +248,6 @@ class RequestGuard:
         except Exception:
             if not rejected:
                 raise
+        finally:
+            if placed and lazy is not None:
+                self.bodies.give_back(lazy[0], cap)

@@ -449,11 +449,14 @@ class EgressProxy:
             if method == "CONNECT":
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 await writer.drain()
-                forward, hello = await _client_hello(reader)
-                refusal = _tunnel_refusal(host, hello)
-                if refusal:
-                    attempt.allowed, attempt.note = False, refusal
-                    return
+                forward, hello, plain = await _tunnel_start(reader)
+                if plain is not None:  # plain HTTP inside the tunnel: bound to its host as any
+                    forward = _closing(plain, host, port, default_port=80)
+                else:
+                    refusal = _tunnel_refusal(host, hello)
+                    if refusal:
+                        attempt.allowed, attempt.note = False, refusal
+                        return
             try:
                 up_reader, up_writer = await asyncio.wait_for(
                     asyncio.open_connection(address[0], address[1], limit=PIPE_CHUNK), CONNECT_TIMEOUT
@@ -614,7 +617,7 @@ def _tunnel_refusal(host: str, hello: bytes | None) -> str | None:
     """Why a tunnel to ``host`` that starts with ``hello`` is refused, or None. Only TLS, and its
     server name is the tunnel's host (none only for an IP address, where clients send none)."""
     if hello is None:
-        return "the tunnel did not start with a TLS ClientHello (only HTTPS goes through a tunnel)"
+        return "the tunnel did not start with a TLS ClientHello or an HTTP request (only HTTP(S) goes through)"
     sni = _sni(hello)
     if sni is None:
         try:
@@ -650,9 +653,9 @@ def _bound(lines: list[str], request_line: str, host: str, port: int, default_po
     return "\r\n".join(out).encode("latin-1")
 
 
-def _closing(head: bytes, host: str, port: int) -> bytes:
-    """A request head read inside an intercepted tunnel, bound to the tunnel's host (see _bound);
-    an absolute URL naming another host is refused."""
+def _closing(head: bytes, host: str, port: int, default_port: int = 443) -> bytes:
+    """A request head read inside a tunnel, bound to the tunnel's host (see _bound); an absolute
+    URL naming another host is refused."""
     lines = _strict_lines(head)
     parts = lines[0].split(" ")
     if len(parts) != 3:
@@ -660,10 +663,10 @@ def _closing(head: bytes, host: str, port: int) -> bytes:
     target = parts[1]
     if "://" in target:
         url = urlsplit(target)
-        if (url.hostname or "").lower().rstrip(".") != host or (url.port or 443) != port:
+        if (url.hostname or "").lower().rstrip(".") != host or (url.port or default_port) != port:
             raise Refused(f"the request names {url.hostname!r} inside a tunnel to {host!r}")
         parts[1] = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    return _bound(lines[1:], " ".join(parts), host, port, 443)
+    return _bound(lines[1:], " ".join(parts), host, port, default_port)
 
 
 def _parse_head(head: bytes) -> tuple[str, str, int, bytes]:
@@ -700,27 +703,36 @@ def _parse_head(head: bytes) -> tuple[str, str, int, bytes]:
 MAX_CLIENT_HELLO = 64 * 1024
 
 
-async def _client_hello(reader: asyncio.StreamReader) -> tuple[bytes, bytes | None]:
-    """(every byte read, the whole ClientHello handshake message, or None when the tunnel does not
-    start with one). The hello is reassembled across TLS records: split over two, its server
-    name was once in the second, which the proxy did not read (issue 27 #2)."""
+async def _tunnel_start(reader: asyncio.StreamReader) -> tuple[bytes, bytes | None, bytes | None]:
+    """(every byte read, the whole ClientHello handshake message or None, a plain HTTP request
+    head or None) of a tunnel's first bytes. The hello is reassembled across TLS records: split
+    over two, its server name was once in the second, which the proxy did not read (issue 27
+    #2). A tunnel may instead start with a plain HTTP request (Node's fetch tunnels http:// URLs
+    too): its head is read whole, for the caller to check like any plain request."""
+    header = await asyncio.wait_for(reader.readexactly(5), 30)
+    if header[0] != 0x16:
+        method = header.split(b" ", 1)[0]
+        if method.isalpha() and method.isupper():  # an HTTP method (GET, POST, OPTIONS...) begins it
+            rest = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)  # at most HEAD_LIMIT
+            return header + rest, None, header + rest
+        return header, None, None
     raw = hello = b""
     while True:
-        header = await asyncio.wait_for(reader.readexactly(5), 30)
         raw += header
         length = int.from_bytes(header[3:5], "big")
         if header[0] != 0x16 or not 0 < length <= (1 << 14):
-            return raw, None
+            return raw, None, None
         body = await asyncio.wait_for(reader.readexactly(length), 30)
         raw, hello = raw + body, hello + body
         if len(hello) >= 4:
             if hello[0] != 0x01:  # not a ClientHello
-                return raw, None
+                return raw, None, None
             need = 4 + int.from_bytes(hello[1:4], "big")
             if need > MAX_CLIENT_HELLO:
-                return raw, None
+                return raw, None, None
             if len(hello) >= need:
-                return raw, hello[:need]
+                return raw, hello[:need], None
+        header = await asyncio.wait_for(reader.readexactly(5), 30)
 
 
 def _sni(hello: bytes) -> str | None:
