@@ -11,7 +11,8 @@ In this order, before any route, dependency or JSON parser sees the request:
 3. the body budget (``BodyBudget``): a request that declares a body of more than 64 KiB takes a
    place for it before a byte is read (one without a declared length, once 64 KiB have come in):
    at most as many at once per caller as its token's ``max_concurrent`` (a sandbox's own traffic:
-   4), and at most ``BodyBudget.total`` bytes of such bodies across all callers; past either it is refused (429 / 503 with ``Retry-After``) unread.
+   4), and at most ``BodyBudget.total`` bytes of such bodies across all callers; past either it
+   is refused (429 / 503 with ``Retry-After``) unread.
    Before, bodies were read and only then counted against the token: 24 concurrent 16 MiB uploads
    from a 4-at-once token took the server from 75 to 835 MiB;
 4. security headers on every response (CSP, ``X-Frame-Options``, ``nosniff``, no referrer).
