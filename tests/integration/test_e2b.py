@@ -173,12 +173,12 @@ def test_run_code_timeout_interrupts_and_keeps_state(sbx):
     assert time.monotonic() - started < 10
     # The server interrupted the cell when the client gave up: the interpreter is free again.
     started = time.monotonic()
-    assert sbx.run_code("kept").text == "'yes'"
+    assert sbx.run_code("kept").text == "yes"  # E2B's server drops a string's quotes
     assert time.monotonic() - started < 10
 
 
 def test_run_code_envs_apply_to_that_execution_only(sbx):
-    assert sbx.run_code("import os; os.environ.get('COLOR')", envs={"COLOR": "blue"}).text == "'blue'"
+    assert sbx.run_code("import os; os.environ.get('COLOR')", envs={"COLOR": "blue"}).text == "blue"
     assert sbx.run_code("import os; os.environ.get('COLOR')").text is None
 
 
@@ -266,7 +266,7 @@ def test_files_and_one_workspace_for_files_commands_and_code(sbx):
     assert sbx.files.exists("/home/user/notes/a.txt") and not sbx.files.exists("/home/user/nope")
     # The same file from a command and from the interpreter, and theirs from files.
     assert sbx.commands.run("cat /home/user/notes/a.txt").stdout == "alpha"
-    assert sbx.run_code("open('/home/user/notes/a.txt').read()").text == "'alpha'"
+    assert sbx.run_code("open('/home/user/notes/a.txt').read()").text == "alpha"
     sbx.commands.run("echo from-shell > /home/user/shell.txt")
     sbx.run_code("open('/home/user/code.txt', 'w').write('from-code')")
     assert sbx.files.read("/home/user/shell.txt") == "from-shell\n"

@@ -298,3 +298,24 @@ def test_concurrent_uploads_wait_for_their_place_before_the_server_reads_them(tm
     assert set(statuses) <= {200, 201, 204, 429} and statuses.count(429) < 24, statuses
     # 4 bodies of 16 MiB at once, each held a few times on its way into the sandbox
     assert peak - before < 4 * 16 * 2**20 * 5, (before, peak)  # before: 24 bodies read at once
+
+
+def test_a_default_token_fits_a_busy_client_and_still_stops_a_flood(tokens):
+    """`sandloop tokens create NAME` as it comes: 600 operations a minute and 4 at once. E2B's SDK
+    suites hit the old 120 within seconds (a files.write loop); a flood is still refused."""
+    from sandloop.server.quota import QuotaError, RateWindow
+
+    _, token = tokens.create("plain")
+    assert (token.runs_per_minute, token.max_concurrent) == (600, 4)
+    rates = RateWindow()
+    for _ in range(600):  # a minute of a busy agent or an SDK test run, one after another
+        with rates.use(token):
+            pass
+    with pytest.raises(QuotaError) as refused:
+        rates.enter(token)
+    assert refused.value.status == 429 and refused.value.retry_after and refused.value.retry_after <= 61
+    fresh = RateWindow()
+    for _ in range(4):
+        fresh.enter(token)
+    with pytest.raises(QuotaError, match="4 sandbox operations at once"):
+        fresh.enter(token)

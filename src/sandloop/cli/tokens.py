@@ -8,15 +8,16 @@ import typer
 from rich.table import Table
 
 from sandloop.cli.common import _fail, err, out, tokens_app
+from sandloop.server.tokens import Token
 
 
 @tokens_app.command("create")
 def tokens_create(
     name: Annotated[str, typer.Argument(help="A name to recognise the token by (unique among active tokens).")],
-    max_concurrent: Annotated[int, typer.Option(help="Sandbox operations at once.")] = 4,
+    max_concurrent: Annotated[int, typer.Option(help="Sandbox operations at once.")] = Token.max_concurrent,
     runs_per_minute: Annotated[
         int, typer.Option(help="Sandbox operations (runs, cells, file calls) per minute.")
-    ] = 120,
+    ] = Token.runs_per_minute,
     max_memory: Annotated[str, typer.Option(help="Most memory a run may ask for.")] = "1g",
     max_timeout: Annotated[float, typer.Option(help="Longest timeout a run may ask for, in seconds.")] = 300,
     max_sessions: Annotated[int, typer.Option(help="Live sessions at once.")] = 10,

@@ -77,8 +77,12 @@ class Token:
     name: str
     created: float
     revoked: float | None
+    #: 4 at once bounds what one token holds (4 sandboxes of at most max_memory each, 4 bodies in
+    #: the server's memory). 600 operations a minute (10 a second, sustained): E2B's SDK suites
+    #: and an agent doing files and commands in a loop spend a few a second in bursts (120 a
+    #: minute was hit within seconds by a files.write loop); a flood of thousands is still 429.
     max_concurrent: int = 4
-    runs_per_minute: int = 120
+    runs_per_minute: int = 600
     max_memory: str = "1g"
     max_timeout: float = 300
     max_sessions: int = 10

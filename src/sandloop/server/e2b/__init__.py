@@ -81,7 +81,17 @@ def sandbox_app(e2b: E2B) -> ASGIApp:
     health = APIRouter()
 
     @health.get("/health", status_code=204)
-    def healthy() -> Response:
+    def healthy(request: Request) -> Response:
+        """envd's health: 204 while the sandbox the request names lives; 502 once it was killed or
+        timed out, as E2B's edge answers for a sandbox that is gone (the SDK's ``is_running()``
+        reads that; before, this said 204 for any sandbox, even a killed one)."""
+        sandbox_id = request.headers.get("e2b-sandbox-id", "")
+        try:
+            e2b.live(e2b.registry.get(sandbox_id), sandbox_id)
+        except E2BError:
+            # E2B's proxy's own words, which the SDK reads ("was not found": the sandbox is gone)
+            body = {"sandboxId": sandbox_id, "message": "The sandbox was not found", "code": 502}
+            return JSONResponse(body, status_code=502)
         return Response(status_code=204)
 
     port_routers = {

@@ -198,35 +198,62 @@ def control_routes(e2b: E2B) -> APIRouter:
         await run_in_threadpool(lambda: e2b.set_timeout(e2b.mine(token, sandbox_id), timeout))
         return Response(status_code=204)
 
-    def listed(token: Any, request: Request) -> list[dict[str, Any]]:
+    def listed(token: Any, request: Request) -> list[Any]:
+        """The token's live sandboxes that match the query (metadata, state, template, startedAfter),
+        in start order: newest first unless ``order=asc`` (as E2B's API, across the whole list)."""
         e2b.reap()
-        wanted = dict(urllib.parse.parse_qsl(request.query_params.get("metadata", "")))
-        states = [s for s in request.query_params.get("state", "running").split(",") if s]
+        query = request.query_params
+        wanted = dict(urllib.parse.parse_qsl(query.get("metadata", "")))
+        states = [s for s in query.get("state", "running").split(",") if s]
         if "running" not in states:
             return []  # nothing here is ever paused
+        template = query.get("template")
+        after = None
+        if query.get("startedAfter"):
+            try:
+                after = datetime.datetime.fromisoformat(query["startedAfter"].replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                raise E2BError(400, "startedAfter must be an ISO 8601 time, e.g. 2026-12-01T15:00:00Z") from None
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise E2BError(400, "order must be asc or desc")
         live = {r.id for r in api.live_sessions(token)}
-        return [
-            {**sandbox_json(box, tokens=False, detail=True)}
+        boxes = [
+            box
             for box in api_registry.of_token(token.id)
-            if box.sandbox_id in live and all(box.metadata.get(k) == v for k, v in wanted.items())
+            if box.sandbox_id in live
+            and all(box.metadata.get(k) == v for k, v in wanted.items())
+            and (template is None or template == box.template)
+            and (after is None or box.started >= after - 1e-6)  # the ISO time kept microseconds
         ]
+        return sorted(boxes, key=lambda b: (b.started, b.sandbox_id), reverse=order == "desc")
 
     @router.get("/sandboxes")
     def list_v1(request: Request, token: Auth) -> list[dict[str, Any]]:
-        return listed(token, request)
+        return [sandbox_json(box, tokens=False, detail=True) for box in listed(token, request)]
 
     @router.get("/v2/sandboxes")
     def list_v2(request: Request, token: Auth) -> JSONResponse:
+        """A page of ``limit``; ``X-Next-Token`` names where the next starts (the last one's start
+        and id, so that a sandbox made or killed between pages moves no one to another page)."""
         boxes = listed(token, request)
         try:
             limit = int(request.query_params.get("limit") or 100)
-            start = int(request.query_params.get("nextToken") or 0)
         except ValueError:
-            raise E2BError(400, "limit and nextToken must be numbers") from None
+            raise E2BError(400, "limit must be a number") from None
         limit = max(1, min(limit, 1000))
-        page = boxes[start : start + limit]
-        headers = {"X-Next-Token": str(start + limit)} if start + limit < len(boxes) else {}
-        return JSONResponse(page, headers=headers)
+        cursor = request.query_params.get("nextToken")
+        if cursor:
+            started, _, sandbox_id = cursor.partition("|")
+            try:
+                key = (float(started), sandbox_id)
+            except ValueError:
+                raise E2BError(400, "nextToken is not one this server gave") from None
+            desc = request.query_params.get("order", "desc") == "desc"
+            boxes = [b for b in boxes if ((b.started, b.sandbox_id) < key if desc else (b.started, b.sandbox_id) > key)]
+        page = boxes[:limit]
+        headers = {"X-Next-Token": f"{page[-1].started!r}|{page[-1].sandbox_id}"} if len(boxes) > limit else {}
+        return JSONResponse([sandbox_json(box, tokens=False, detail=True) for box in page], headers=headers)
 
     @router.api_route("/sandboxes/{sandbox_id}/{action}", methods=["GET", "POST", "PUT"], include_in_schema=False)
     def unsupported(sandbox_id: str, action: str, token: Auth) -> None:

@@ -11,8 +11,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import datetime
-from collections.abc import AsyncIterator, Awaitable, Callable
+import gzip
+import posixpath
+import zlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,6 +28,7 @@ from sandloop.server.e2b.connect import ConnectError, read_request, stream, unar
 from sandloop.server.e2b.control import e2b_error_response
 from sandloop.server.e2b.service import E2B, E2BError, command_cwd, sandbox_path, workspace_path
 from sandloop.server.errors import error_for
+from sandloop.server.models import MAX_FILE_BYTES
 
 #: Seconds between keepalive events on a quiet process stream (E2B's SDK asks for 50).
 KEEPALIVE = 30.0
@@ -68,7 +73,7 @@ def entry_json(e: dict[str, Any], rel_dir: str | None = None) -> dict[str, Any]:
         "type": kind,
         "path": sandbox_path(rel),
         "size": str(int(e.get("size", 0))),
-        "mode": mode | (0o40000 if kind == "FILE_TYPE_DIRECTORY" else 0),
+        "mode": mode & 0o7777,  # as envd reports it: the permission bits (0o755), not the type's
         "permissions": _permissions(mode, kind == "FILE_TYPE_DIRECTORY"),
         "owner": "user",
         "group": "user",
@@ -77,7 +82,11 @@ def entry_json(e: dict[str, Any], rel_dir: str | None = None) -> dict[str, Any]:
         .replace("+00:00", "Z"),
     }
     if e["type"] == "symlink":
-        out["symlinkTarget"] = e.get("target", "")
+        # as envd reports it: an absolute path (a relative target is taken from the link's directory)
+        target = str(e.get("target", ""))
+        if target and not target.startswith("/"):
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(out["path"]), target))
+        out["symlinkTarget"] = target
     return out
 
 
@@ -148,6 +157,43 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
         finally:
             unfollow()  # the client went away (or the process ended): it keeps running, unfollowed
 
+    def loop_time() -> float:
+        return asyncio.get_running_loop().time()
+
+    def _deadline(request: Request) -> float | None:
+        raw = request.headers.get("connect-timeout-ms", "")
+        if not raw.isdigit() or int(raw) <= 0:
+            return None
+        return loop_time() + int(raw) / 1000
+
+    pending_kills: set[asyncio.Task[Any]] = set()
+
+    def kill_at(deadline: float, sandbox_id: str, pid: int) -> None:
+        """SIGKILL the process at ``deadline`` (loop time), as envd's process context does."""
+
+        async def kill() -> None:
+            await asyncio.sleep(max(0.0, deadline - loop_time()))
+            op = {"op": "signal", "pid": pid, "signal": SIGNALS["SIGNAL_SIGKILL"]}
+            with contextlib.suppress(Exception):  # ended already, or the sandbox is gone
+                await run_in_threadpool(e2b.procs, sandbox_id, op)
+
+        task = asyncio.get_running_loop().create_task(kill())
+        pending_kills.add(task)  # a reference, or the loop may drop the task
+        task.add_done_callback(pending_kills.discard)
+
+    def _stream_error(sandbox_id: str, exc: Exception) -> ConnectError:
+        """Why a process stream ended early. The sandbox killed (or timed out) under it is what
+        envd's proxy says: unavailable, which the SDK turns into "the sandbox was killed or
+        reached its end of life" once its health check finds it gone (before: internal, "the
+        sandbox's interpreter was restarted (out of memory?)")."""
+        try:
+            e2b.live(e2b.registry.get(sandbox_id), sandbox_id)
+        except E2BError:
+            return ConnectError(
+                "unavailable", f"the connection to sandbox {sandbox_id} ended before the stream completed"
+            )
+        return exc if isinstance(exc, ConnectError) else to_connect(exc)
+
     async def start_stream(request: Request, connect: bool) -> Response:
         try:
             user_of(request)
@@ -191,17 +237,37 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
         except Exception as exc:  # noqa: BLE001 - before the stream starts: a unary-style error
             return unary_error(to_connect(exc))
 
+        # Connect's request deadline, as envd keeps it for a started process: past it the process
+        # is killed whether anyone still follows it or not (the SDK gives up on its own at the same
+        # time), and a stream still open ends with deadline_exceeded (the SDK's TimeoutException);
+        # a reconnect's deadline only ends its stream.
+        deadline = _deadline(request)
+        if deadline is not None and not connect:
+            kill_at(deadline, box.sandbox_id, pid)
+
         async def messages() -> AsyncIterator[dict[str, Any]]:
             try:
                 with e2b.stream_slot(box.sandbox_id):
-                    async for event in replay_and_follow():
+                    follow = replay_and_follow()
+                    while True:
+                        left = None if deadline is None else deadline - loop_time()
+                        if left is not None and left <= 0:
+                            raise TimeoutError
+                        try:
+                            event = await asyncio.wait_for(follow.__anext__(), left)
+                        except StopAsyncIteration:
+                            return
                         yield event
-            except ConnectError:
-                raise
+            except TimeoutError:
+                with contextlib.suppress(Exception):
+                    await follow.aclose()
+                raise ConnectError(
+                    "deadline_exceeded", f"the command ran past its timeout and was killed (pid {pid})"
+                ) from None
             except Exception as exc:  # noqa: BLE001 - ends the stream with a Connect error
-                raise to_connect(exc) from None
+                raise _stream_error(box.sandbox_id, exc) from None
 
-        async def replay_and_follow() -> AsyncIterator[dict[str, Any]]:
+        async def replay_and_follow() -> AsyncGenerator[dict[str, Any], None]:
             if first is not None:  # a reconnect: what the first poll already took
                 yield {"event": {"start": {"pid": pid}}}
                 for name in ("stdout", "stderr"):
@@ -322,7 +388,8 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
     @router.post("/filesystem.Filesystem/Remove")
     async def fs_remove(request: Request) -> Response:
         def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
-            e2b.session(box.sandbox_id).delete_file(path_of(message))
+            with contextlib.suppress(WorkspaceFileNotFound):  # as envd: removing what is not there succeeds
+                e2b.session(box.sandbox_id).delete_file(path_of(message))
             return {}
 
         return await unary(request, work)
@@ -349,6 +416,9 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
             if isinstance(exc, PathRefused) and "directory" in str(exc):
                 exc = E2BError(400, f"{path} is a directory")
             return e2b_error_response(exc)
+        if "gzip" in request.headers.get("accept-encoding", "").lower() and len(data) > 64:
+            packed = gzip.compress(data, compresslevel=5)
+            return Response(packed, media_type="application/octet-stream", headers={"Content-Encoding": "gzip"})
         return Response(data, media_type="application/octet-stream")
 
     @router.post("/files")
@@ -367,7 +437,13 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
             else:
                 if not path:
                     raise E2BError(400, "name the file: ?path=/home/user/...")
-                uploads.append((path, await request.body()))
+                body = await request.body()
+                encoding = request.headers.get("content-encoding", "").strip().lower()
+                if encoding == "gzip":  # the SDK's write(..., gzip=True): stored as what it unpacks to
+                    body = _gunzip(body, MAX_FILE_BYTES)
+                elif encoding not in ("", "identity"):
+                    raise E2BError(400, f"Content-Encoding {encoding!r} is not supported (gzip or none)")
+                uploads.append((path, body))
             if not uploads:
                 raise E2BError(400, "no file in the request")
             targets = [(workspace_path(p), data) for p, data in uploads]
@@ -386,6 +462,18 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
             return e2b_error_response(exc)
 
     return router
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """A gzip body unpacked, at most ``limit`` bytes (a small body must not unpack to gigabytes)."""
+    unpacker = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = unpacker.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise E2BError(400, f"the body is not valid gzip: {exc}") from None
+    if len(out) > limit or unpacker.unconsumed_tail:
+        raise E2BError(413, f"the file unpacks to more than {limit} bytes")
+    return out
 
 
 def _signal_name(num: int) -> str:

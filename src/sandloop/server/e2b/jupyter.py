@@ -119,7 +119,7 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
                     )
                 elif result.value is not None:
                     loop.call_soon_threadsafe(
-                        queue.put_nowait, {"type": "result", "text": result.value, "is_main_result": True}
+                        queue.put_nowait, {"type": "result", "text": _plain(result.value), "is_main_result": True}
                     )
                 loop.call_soon_threadsafe(queue.put_nowait, {"type": "end_of_execution"})
             except Exception as exc:  # noqa: BLE001 - reported in the stream
@@ -173,3 +173,11 @@ _RESTORE_ENVS = (
     "(lambda os, sys: (os.environ.clear(), os.environ.update(sys.modules['_sandloop_envs'].saved)) and None)"
     "(__import__('os'), __import__('sys'))"
 )
+
+
+def _plain(text: str) -> str:
+    """``text/plain`` as E2B's code-interpreter server sends it: a string's repr without its
+    quotes (``'bar'`` is ``bar``), as its ``Result`` does (template/server/api/models/result.py)."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text

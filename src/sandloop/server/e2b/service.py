@@ -157,6 +157,7 @@ class E2B:
     def __init__(self, api: Api, registry: Registry) -> None:
         self.api, self.registry = api, registry
         self._sessions: dict[str, Session] = {}
+        self._killing: set[str] = set()  # sandboxes being removed: gone to every caller
         self._streams: dict[str, int] = {}
         self._followers: dict[str, Follower] = {}
         self._lock = threading.Lock()
@@ -188,15 +189,21 @@ class E2B:
         self.api.tokens.disown(sandbox_id)
 
     def kill(self, sandbox_id: str) -> None:
-        """Remove everything: interpreter, processes, workspace, records."""
+        """Remove everything: interpreter, processes, workspace, records. From the first step the
+        sandbox counts as gone (``live``), so a stream it breaks says so rather than reporting an
+        interpreter that "was restarted"."""
         try:
             s = self.session(sandbox_id)
         except E2BError:
             return  # the session is gone already; forget() removed the rest
+        with self._lock:
+            self._killing.add(sandbox_id)
         try:
             s.delete()
         finally:
             self.forget(sandbox_id)
+            with self._lock:
+                self._killing.discard(sandbox_id)
 
     def reap(self) -> None:
         for sandbox_id in self.registry.expired():
@@ -249,7 +256,9 @@ class E2B:
                     del self._streams[sandbox_id]
 
     def live(self, box: E2BSandbox | None, sandbox_id: str) -> E2BSandbox:
-        if box is None:
+        with self._lock:
+            killing = sandbox_id in self._killing
+        if box is None or killing:
             raise E2BError(404, f"sandbox {sandbox_id} not found")
         if box.end_at < time.time():
             self.kill(sandbox_id)

@@ -1,0 +1,143 @@
+"""What E2B's own SDK test suites found against sandloop (issue 23), each as our own test with the
+official SDK, unchanged, against a real server: listing (order, paging, filters), a shorter
+timeout, command timeouts, a sandbox killed under a running command, files (gzip both ways, the
+mode, a symlink's target, removing what is not there), and a token made with plain defaults
+surviving a burst of file calls."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from e2b import Sandbox, SandboxQuery, TimeoutException
+from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+from sandloop.server.app import create_app
+from sandloop.server.tokens import TokenStore
+from tests.servers import serve_in_thread
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tokens = TokenStore(tmp_path_factory.mktemp("e2b-conformance") / "tokens.sqlite")
+    key, _ = tokens.create("plain-defaults")  # as `sandloop tokens create NAME` makes it
+    with serve_in_thread(create_app(tokens)) as url:
+        saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
+        os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=key)
+        try:
+            yield url
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture
+def made(server):
+    boxes: list[Sandbox] = []
+
+    def make(**kw) -> Sandbox:
+        box = Sandbox.create(timeout=kw.pop("timeout", 300), **kw)
+        boxes.append(box)
+        return box
+
+    yield make
+    for box in boxes:
+        box.kill()
+
+
+def test_list_is_newest_first_pages_by_cursor_and_filters(made):
+    tag = str(uuid.uuid4())
+    first = made(metadata={"tag": tag})
+    second = made(metadata={"tag": tag})
+    query = SandboxQuery(metadata={"tag": tag})
+    assert [s.sandbox_id for s in Sandbox.list(query=query).next_items()] == [second.sandbox_id, first.sandbox_id]
+    ascending = Sandbox.list(query=query, order="asc").next_items()
+    assert [s.sandbox_id for s in ascending] == [first.sandbox_id, second.sandbox_id]
+    pages = Sandbox.list(query=query, limit=1)
+    one = pages.next_items()
+    assert [s.sandbox_id for s in one] == [second.sandbox_id] and pages.has_next and pages.next_token
+    made(metadata={"tag": "another"})  # a sandbox made between pages moves no one
+    two = pages.next_items()
+    assert [s.sandbox_id for s in two] == [first.sandbox_id] and not pages.has_next and pages.next_token is None
+    started = first.get_info().started_at
+    after = Sandbox.list(query=SandboxQuery(metadata={"tag": tag}, started_after=started)).next_items()
+    assert first.sandbox_id in [s.sandbox_id for s in after]
+    later = started + timedelta(seconds=1)
+    assert first.sandbox_id not in [
+        s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"tag": tag}, started_after=later)).next_items()
+    ]
+    template = first.get_info().template_id
+    assert len(Sandbox.list(query=SandboxQuery(metadata={"tag": tag}, template=template)).next_items()) == 2
+    assert Sandbox.list(query=SandboxQuery(metadata={"tag": tag}, template="unknown-template")).next_items() == []
+
+
+def test_a_shorter_timeout_ends_the_sandbox_at_once_when_it_passes(made):
+    box = made()
+    box.set_timeout(2)  # before: only lengthening worked
+    end = box.get_info().end_at
+    assert (end - box.get_info().started_at).total_seconds() < 60
+    while time.time() < end.timestamp() + 0.5:  # the clock is the mechanism here
+        time.sleep(0.2)
+    assert box.is_running(request_timeout=10) is False  # not after the next sweep: now
+
+
+def test_a_command_past_its_timeout_raises_and_is_killed(made):
+    box = made()
+    with pytest.raises(TimeoutException):
+        box.commands.run("sleep 300", timeout=2)  # before: it ran on and returned at its end
+    handle = box.commands.run("sleep 300", timeout=2, background=True)
+    with pytest.raises(TimeoutException):
+        for _ in handle:
+            pass
+    # killed at its deadline by the server, whether the client still follows or not (the SDK
+    # gives up at the same moment, so the kill is waited for, not assumed)
+    deadline = time.monotonic() + 60
+    while [p for p in box.commands.list() if "sleep 300" in " ".join([p.cmd, *p.args])]:
+        assert time.monotonic() < deadline, "the timed-out commands were never killed"
+        time.sleep(0.2)
+    assert box.commands.run("echo fine", timeout=10).stdout == "fine\n"
+
+
+def test_a_sandbox_killed_under_a_running_command_says_so(made):
+    box = made()
+    handle = box.commands.run("sleep 60", background=True)
+    box.kill()
+    with pytest.raises(TimeoutException) as ended:  # before: Code.INTERNAL "interpreter restarted"
+        handle.wait()
+    assert "killed or reached its end of life" in str(ended.value)
+    assert box.is_running() is False
+
+
+def test_files_as_envd_has_them(made):
+    box = made()
+    info = box.files.write("zipped.txt", "packed on the way in", gzip=True)
+    assert info.path == "/home/user/zipped.txt"
+    assert box.files.read("zipped.txt") == "packed on the way in"  # before: the gzip bytes were stored
+    assert box.files.read("zipped.txt", gzip=True) == "packed on the way in"
+    box.files.write("plain.txt", "x" * 1000)
+    assert box.files.read("plain.txt", gzip=True) == "x" * 1000  # sent gzipped, unpacked by the SDK
+    box.files.make_dir("d")
+    assert box.files.get_info("plain.txt").mode == 0o644
+    assert box.files.get_info("d").mode == 0o755  # before: 16877, the type bits included
+    box.commands.run("ln -s plain.txt link.txt", cwd="/home/user/d")
+    link = box.files.get_info("d/link.txt")
+    assert link.symlink_target == "/home/user/d/plain.txt"  # absolute, as envd reports it
+    box.files.remove("never-there.txt")  # before: not found
+    assert not box.files.exists("never-there.txt")
+
+
+def test_a_default_token_survives_a_burst_of_file_calls(made):
+    """A files.write loop with a token made by plain `sandloop tokens create NAME` (before: 120
+    operations a minute, hit within seconds)."""
+    box = made()
+    for i in range(60):
+        box.files.write(f"burst/{i}.txt", str(i))
+    assert sorted(int(e.name.split(".")[0]) for e in box.files.list("burst")) == list(range(60))
+    box.files.write_files([WriteEntry(path=f"batch/{i}.txt", data=str(i)) for i in range(20)])
+    assert box.files.read("batch/19.txt") == "19"
