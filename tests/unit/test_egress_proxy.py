@@ -435,3 +435,66 @@ def test_plain_http_inside_a_tunnel_is_bound_to_the_tunnels_host(proxy, servers)
     s.close()
     assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"hello from http /inside\n")
     assert servers.seen.requests[-1][2]["Host"] == "allowed.test"
+
+
+def test_a_relay_quiet_both_ways_is_closed_and_the_servers_can_hold_their_relays(tmp_path, monkeypatch):
+    """Before: a held connection cost the process two descriptors for as long as the sandbox
+    lived, and 8 sandboxes holding their 64 each made a 1024-descriptor server fail every run."""
+    import resource
+
+    from sandloop.runtime.egress import proxy as proxy_module
+
+    monkeypatch.setattr(proxy_module, "RELAY_IDLE_SECONDS", 1.0)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    made = EgressProxy(tmp_path / "egress", hosts={"silent.test:443": f"127.0.0.1:{silent.getsockname()[1]}"})
+    try:
+        d = made.open("e-idle", ("silent.test:443",))
+        s = _connect(d)
+        s.sendall(b"CONNECT silent.test:443 HTTP/1.1\r\nHost: silent.test:443\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += s.recv(1)
+        s.sendall(_client_hello("silent.test"))
+        upstream, _ = silent.accept()  # the relay is up; now nobody says anything
+        s.settimeout(60)
+        assert s.recv(1) == b""  # closed by the proxy, not by us (the bound is the test's timeout)
+        upstream.close()
+        s.close()
+        (attempt,) = made.attempts("e-idle")
+        assert attempt.allowed and "without a byte either way" in attempt.note
+    finally:
+        made.shutdown()
+        silent.close()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+        assert proxy_module.raise_open_files() == resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert proxy_module.MAX_CONNECTIONS_TOTAL * 2 < 1024  # even an unraised limit holds the budget
+
+
+def test_the_proxy_holds_a_bounded_number_of_connections_for_all_sandboxes(proxy, monkeypatch):
+    import time
+
+    from sandloop.runtime.egress import proxy as proxy_module
+
+    monkeypatch.setattr(proxy_module, "MAX_CONNECTIONS_TOTAL", 2)
+    a, b = proxy.open("e-ta", ("allowed.test",)), proxy.open("e-tb", ("allowed.test",))
+    held = [_connect(a), _connect(b)]  # each waits in its head: two held, by two sandboxes
+    for s in held:
+        s.sendall(b"GET http://allowed.test/ HTTP/1.1\r\n")
+    deadline = time.monotonic() + 30
+    refused = False
+    while not refused:  # until the proxy has taken both held ones, a third may still get in
+        assert time.monotonic() < deadline, "a third connection was never refused"
+        third = _connect(b)
+        third.settimeout(10)
+        refused = third.recv(1) == b""
+        third.close()
+    notes = [x.note for x in proxy.attempts("e-tb", settle=0)]
+    assert any("for all sandboxes: refused" in n for n in notes), notes
+    for s in held:
+        s.close()

@@ -68,6 +68,9 @@ def serve(
     # The warm pool's sandboxes go when the server stops, not at the next reap.
     access: Literal["token", "open", "off"] = metrics  # type: ignore[assignment]  # checked above
     app_ = at_shutdown(create_app(providers=endpoints, metrics_access=access), shutdown)
+    from sandloop.runtime.egress.proxy import raise_open_files
+
+    raise_open_files()  # the egress proxy holds two descriptors per connection it relays
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
 
@@ -118,6 +121,9 @@ def mcp(
         tokens = TokenStore()
         _warn_if_exposed(host, "the MCP server")
         app_ = at_shutdown(http_app(create_mcp_server(limits, tokens, secrets=secrets), tokens, host=host), shutdown)
+        from sandloop.runtime.egress.proxy import raise_open_files
+
+        raise_open_files()  # the egress proxy holds two descriptors per connection it relays
         uvicorn.run(app_, host=host, port=port, log_level="info")
     finally:
         shutdown()  # stdio ends by returning; over HTTP the lifespan above already did this

@@ -29,18 +29,22 @@ class RateWindow:
         self._starts: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
         self._running: dict[str, int] = collections.defaultdict(int)
 
-    def enter(self, token: Token) -> None:
+    def enter(self, token: Token, operations: int = 1) -> None:
+        """Count ``operations`` against the per-minute rate (all of them or none: a batch of file
+        writes is refused whole rather than cut off half-way) and one against "at once"."""
         now = time.monotonic()
         with self._lock:
             window = self._starts[token.id]
             while window and now - window[0] > 60:
                 window.popleft()
-            if len(window) >= token.runs_per_minute:
+            if len(window) + operations > token.runs_per_minute:
+                wait = max(1, int(60 - (now - window[0])) + 1) if window else 60
+                batch = f" (this request is {operations})" if operations > 1 else ""
                 raise QuotaError(
                     429,
                     "rate_limited",
-                    f"this token allows {token.runs_per_minute} sandbox operations per minute",
-                    retry_after=max(1, int(60 - (now - window[0])) + 1),
+                    f"this token allows {token.runs_per_minute} sandbox operations per minute{batch}",
+                    retry_after=wait,
                 )
             if self._running[token.id] >= token.max_concurrent:
                 raise QuotaError(
@@ -49,7 +53,7 @@ class RateWindow:
                     f"this token allows {token.max_concurrent} sandbox operations at once",
                     retry_after=1,
                 )
-            window.append(now)
+            window.extend([now] * operations)
             self._running[token.id] += 1
 
     def leave(self, token: Token) -> None:
@@ -57,9 +61,10 @@ class RateWindow:
             self._running[token.id] -= 1
 
     @contextlib.contextmanager
-    def use(self, token: Token) -> Iterator[None]:
-        """Counts one operation against the token for as long as the block runs."""
-        self.enter(token)
+    def use(self, token: Token, operations: int = 1) -> Iterator[None]:
+        """Counts ``operations`` against the token's rate, and one "at once" for as long as the
+        block runs."""
+        self.enter(token, operations)
         try:
             yield
         finally:

@@ -123,7 +123,8 @@ def op_move(args, data):
 
 def op_read(args, data):
     path = resolve(args["path"])
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer (60 s, then a 500)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):

@@ -54,6 +54,12 @@ RELAY = "127.0.0.1:3128"
 MAX_ATTEMPTS = 1000
 #: Most connections one sandbox may hold open through the proxy at once.
 MAX_CONNECTIONS = 64
+#: Connections through this process's proxy at once, all sandboxes together: each holds two
+#: descriptors (before, 8 egress sandboxes holding their 64 each took a 1024-descriptor process
+#: down: every run then failed). ``raise_open_files`` lifts the servers' soft limit to the hard one.
+MAX_CONNECTIONS_TOTAL = 384
+#: A relay with no byte either way for this long is closed (a held connection costs descriptors).
+RELAY_IDLE_SECONDS = 300.0
 HEAD_LIMIT = 64 * 1024
 PIPE_CHUNK = 1 << 20
 CONNECT_TIMEOUT = 10.0
@@ -409,10 +415,13 @@ class EgressProxy:
 
     # -- one connection (on the loop) ---------------------------------------------------------
     def _accept(self, box: _Box, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        note = None
         if len(box.tasks) >= MAX_CONNECTIONS:  # each costs this process descriptors and memory
-            box.record(
-                _Attempt("?", 0, "?", allowed=False, note=f"more than {MAX_CONNECTIONS} connections at once: refused")
-            )
+            note = f"more than {MAX_CONNECTIONS} connections at once: refused"
+        elif sum(len(b.tasks) for b in list(self._boxes.values())) >= MAX_CONNECTIONS_TOTAL:
+            note = f"the proxy holds {MAX_CONNECTIONS_TOTAL} connections for all sandboxes: refused, retry later"
+        if note is not None:
+            box.record(_Attempt("?", 0, "?", allowed=False, note=note))
             writer.close()
             return
         task = asyncio.ensure_future(self._serve(box, reader, writer))
@@ -766,19 +775,34 @@ async def _relay(
     """Send ``first`` upstream, then copy both ways until both sides are done, counting bytes."""
     up_writer.write(first)
     attempt.bytes_out += len(first)
+    activity = [asyncio.get_running_loop().time()]  # the last byte either way
     await asyncio.gather(
-        _pipe(reader, up_writer, attempt, "bytes_out"),
-        _pipe(up_reader, writer, attempt, "bytes_in"),
+        _pipe(reader, up_writer, attempt, "bytes_out", activity),
+        _pipe(up_reader, writer, attempt, "bytes_in", activity),
         return_exceptions=True,
     )
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, attempt: _Attempt, count: str) -> None:
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, attempt: _Attempt, count: str, activity: list[float]
+) -> None:
     # Big reads and a deep write buffer: per-chunk overhead, not bandwidth, is what a Python copy
     # pays (measured: 64 KiB chunks nearly doubled a 1 MB transfer's time).
     writer.transport.set_write_buffer_limits(high=PIPE_CHUNK * 4)
+    loop = asyncio.get_running_loop()
+    check = min(30.0, RELAY_IDLE_SECONDS)
     try:
-        while data := await reader.read(PIPE_CHUNK):
+        while True:
+            try:
+                data = await asyncio.wait_for(reader.read(PIPE_CHUNK), check)
+            except TimeoutError:
+                if loop.time() - activity[0] >= RELAY_IDLE_SECONDS:  # quiet both ways: let it go
+                    attempt.add_note(f"closed after {RELAY_IDLE_SECONDS:g} s without a byte either way")
+                    return
+                continue
+            if not data:
+                return
+            activity[0] = loop.time()
             writer.write(data)
             setattr(attempt, count, getattr(attempt, count) + len(data))
             await writer.drain()
@@ -800,6 +824,22 @@ async def _reply(writer: asyncio.StreamWriter, status: int, message: str) -> Non
     with contextlib.suppress(Exception):
         writer.write(head.encode() + body)
         await writer.drain()
+
+
+def raise_open_files() -> int:
+    """Lift this process's soft descriptor limit to its hard one (a server holds a relay's two
+    descriptors per proxied connection); returns the limit now in force. Never raises."""
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = max(soft, 1 << 20)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ValueError, OSError):
+        return -1
 
 
 def sandbox_mount(directory: Path) -> tuple[str, str]:

@@ -76,6 +76,8 @@ async def read_request(request: Request) -> dict[str, Any]:
         message = json.loads(body or b"{}")
     except ValueError as exc:
         raise ConnectError("invalid_argument", f"the request is not JSON: {exc}") from None
+    except RecursionError:  # 100,000 nested brackets: a 400, not a 500
+        raise ConnectError("invalid_argument", "the request nests too deeply") from None
     if not isinstance(message, dict):
         raise ConnectError("invalid_argument", "the request message must be a JSON object")
     return message

@@ -29,6 +29,7 @@ from sandloop.server.e2b.control import e2b_error_response
 from sandloop.server.e2b.service import E2B, E2BError, command_cwd, sandbox_path, workspace_path
 from sandloop.server.errors import error_for
 from sandloop.server.models import MAX_FILE_BYTES
+from sandloop.server.quota import QuotaError
 
 #: Seconds between keepalive events on a quiet process stream (E2B's SDK asks for 50).
 KEEPALIVE = 30.0
@@ -46,6 +47,8 @@ def to_connect(exc: Exception) -> ConnectError:
     if isinstance(exc, SandboxError):
         err = error_for(exc)
         return ConnectError(_CODES.get(err.status, "internal"), err.message)
+    if isinstance(exc, QuotaError):  # the key's rate or ceilings: 429/403, not a server fault
+        return ConnectError(_CODES.get(exc.status, "resource_exhausted"), exc.message)
     return ConnectError("internal", f"{type(exc).__name__}: {exc}")
 
 
@@ -354,7 +357,11 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
     async def fs_list(request: Request) -> Response:
         def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
             rel = path_of(message)
-            depth = int(message.get("depth") or 1)
+            depth = message.get("depth") or 1
+            if isinstance(depth, str) and depth.isdigit():  # protobuf's JSON may send a number as text
+                depth = int(depth)
+            if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+                raise ConnectError("invalid_argument", f"depth must be a whole number from 1, got {depth!r}")
             s = e2b.session(box.sandbox_id)
             if s.stat(rel)["type"] != "dir":
                 raise ConnectError("invalid_argument", f"{message.get('path')} is not a directory")
@@ -449,7 +456,10 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
             targets = [(workspace_path(p), data) for p, data in uploads]
 
             def work() -> list[dict[str, Any]]:
-                with e2b.api.rates.use(token):
+                # each file is a sandbox run, so each counts, all before the first is written (one
+                # multipart request of 1000 files once counted as one operation: a 3-a-minute key
+                # started 29 containers in a minute)
+                with e2b.api.rates.use(token, operations=len(targets)):
                     s = e2b.session(box.sandbox_id)
                     out = []
                     for rel, data in targets:

@@ -41,7 +41,7 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
             box, token = await sandbox_of(request)
             try:
                 body = await request.json()
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise E2BError(400, 'the body must be JSON: {"code": ...}') from None
             code = body.get("code") if isinstance(body, dict) else None
             if not isinstance(code, str):
@@ -113,7 +113,12 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
                         {
                             "type": "error",
                             "name": "InterpreterRestarted",
-                            "value": "the interpreter died (out of memory?) and was restarted; its state is gone",
+                            "value": (
+                                f"the interpreter reached the {result.limits.memory} memory limit"
+                                if result.oom_killed
+                                else "the interpreter was killed (or ignored its interrupt)"
+                            )
+                            + " and was restarted; its state is gone",
                             "traceback": "",
                         },
                     )

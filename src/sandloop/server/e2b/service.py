@@ -306,7 +306,12 @@ class E2B:
         if at < 0:
             detail = (result.stderr or result.stdout)[-300:]
             if result.interpreter_restarted:
-                raise SandboxError("the sandbox's interpreter was restarted (out of memory?); its processes ended")
+                why = (
+                    f"it reached the sandbox's {result.limits.memory} memory limit"
+                    if result.oom_killed
+                    else "it was killed or ended"
+                )
+                raise SandboxError(f"the sandbox's interpreter was restarted ({why}); its processes ended")
             raise SandboxError(f"the sandbox's process table did not answer: {detail}")
         reply: dict[str, Any] = json.loads(result.stdout[at + len(_MARK) :].splitlines()[0])
         return reply
