@@ -141,3 +141,57 @@ def test_a_default_token_survives_a_burst_of_file_calls(made):
     assert sorted(int(e.name.split(".")[0]) for e in box.files.list("burst")) == list(range(60))
     box.files.write_files([WriteEntry(path=f"batch/{i}.txt", data=str(i)) for i in range(20)])
     assert box.files.read("batch/19.txt") == "19"
+
+
+def test_hostile_envd_calls_get_a_clear_answer(server, made):
+    """Issue 27 #6, through the SDK and envd's wire: a FIFO read is refused at once (it blocked
+    60 s, then 500), a silly ListDir depth is a 400 (500), over-deep JSON is a 400 (500)."""
+    import httpx
+    from e2b.exceptions import InvalidArgumentException
+
+    box = made()
+    box.commands.run("mkfifo pipe")
+    started = time.monotonic()
+    with pytest.raises(InvalidArgumentException, match="not a regular file"):
+        box.files.read("pipe")
+    assert time.monotonic() - started < 30  # not the old 60 s wait for a writer
+    headers = {
+        "E2b-Sandbox-Id": box.sandbox_id,
+        "E2b-Sandbox-Port": "49983",
+        "X-Access-Token": box._envd_access_token,
+        "Content-Type": "application/json",
+    }
+    r = httpx.post(
+        f"{server}/filesystem.Filesystem/ListDir", json={"path": "/home/user", "depth": "1e9"}, headers=headers
+    )
+    assert r.status_code == 400 and r.json()["code"] == "invalid_argument", r.text
+    deep = b'{"path": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    r = httpx.post(f"{server}/filesystem.Filesystem/ListDir", content=deep, headers=headers)
+    assert r.status_code == 400, r.text
+
+
+def test_a_key_over_its_rate_gets_429_and_may_still_kill(tmp_path_factory, monkeypatch):
+    import httpx
+
+    tokens = TokenStore(tmp_path_factory.mktemp("e2b-rate") / "tokens.sqlite")
+    key, _ = tokens.create("slow", runs_per_minute=6)
+    with serve_in_thread(create_app(tokens)) as url:
+        for name, value in (("E2B_API_URL", url), ("E2B_SANDBOX_URL", url), ("E2B_API_KEY", key)):
+            monkeypatch.setenv(name, value)
+        box = Sandbox.create(timeout=120)  # 1 operation
+        try:
+            statuses = []
+            for i in range(8):  # files.write: one operation each; the rate runs out
+                try:
+                    box.files.write(f"f{i}.txt", "x")
+                    statuses.append(200)
+                except Exception as exc:  # noqa: BLE001 - the SDK's mapping of the answer
+                    statuses.append(getattr(exc, "status_code", None) or type(exc).__name__)
+            assert "RateLimitException" in [s if isinstance(s, str) else "" for s in statuses] or 429 in statuses
+            headers = {"E2b-Sandbox-Id": box.sandbox_id, "E2b-Sandbox-Port": "49983",
+                       "X-Access-Token": box._envd_access_token, "Content-Type": "application/json"}  # fmt: skip
+            r = httpx.post(f"{url}/process.Process/List", json={}, headers=headers)
+            assert r.status_code == 429 and r.json()["code"] == "resource_exhausted", r.text  # before: 500
+        finally:
+            box.kill()  # not metered: a key over its rate can still give back what it holds
+        assert box.is_running() is False
