@@ -127,8 +127,10 @@ def op_read(args, data):
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
+        if stat.S_ISDIR(st.st_mode):
+            raise Refused("%s is a directory; list it with list_files" % args["path"])
         if not stat.S_ISREG(st.st_mode):
-            raise Refused("%s is not a regular file; list a directory with list_files" % args["path"])
+            raise Refused("%s is not a regular file (a FIFO, socket or device): only files are read" % args["path"])
         if st.st_size > args["max_bytes"]:
             raise TooBig(
                 "%s is %d bytes; the most read_file returns is %d" % (args["path"], st.st_size, args["max_bytes"])

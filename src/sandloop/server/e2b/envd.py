@@ -420,7 +420,7 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
 
             data = await run_in_threadpool(work)
         except (WorkspaceFileNotFound, PathRefused, TooLarge, E2BError, SandboxError) as exc:
-            if isinstance(exc, PathRefused) and "directory" in str(exc):
+            if isinstance(exc, PathRefused) and "is a directory" in str(exc):
                 exc = E2BError(400, f"{path} is a directory")
             return e2b_error_response(exc)
         if "gzip" in request.headers.get("accept-encoding", "").lower() and len(data) > 64:
