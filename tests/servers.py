@@ -92,3 +92,20 @@ def sse_events(response) -> Iterator[tuple[str | None, dict]]:
             kind = line[7:]
         elif line.startswith("data: "):
             yield kind, json.loads(line[6:])
+
+
+@contextlib.contextmanager
+def e2b_environment(url: str, key: str) -> Iterator[None]:
+    """E2B's SDKs pointed at a sandloop server (``E2B_API_URL``, ``E2B_SANDBOX_URL``,
+    ``E2B_API_KEY``) for the block; the environment as it was afterwards."""
+    names = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=key)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -31,7 +31,7 @@ from e2b_code_interpreter import AsyncSandbox, Sandbox
 from sandloop.server.app import create_app
 from sandloop.server.tokens import TokenStore
 from tests.helpers import our_containers
-from tests.servers import serve_in_thread
+from tests.servers import e2b_environment, serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD_VENV = ROOT / ".venv-e2b-old"
@@ -42,17 +42,8 @@ def server(tmp_path_factory):
     tokens = TokenStore(tmp_path_factory.mktemp("e2b") / "tokens.sqlite")
     alice, _ = tokens.create("alice", max_concurrent=8, runs_per_minute=1000, max_timeout=60)
     bob, _ = tokens.create("bob")
-    with serve_in_thread(create_app(tokens)) as url:
-        saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
-        os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=alice)
-        try:
-            yield {"url": url, "alice": alice, "bob": bob}
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with serve_in_thread(create_app(tokens)) as url, e2b_environment(url, alice):
+        yield {"url": url, "alice": alice, "bob": bob}
 
 
 @pytest.fixture(scope="module")

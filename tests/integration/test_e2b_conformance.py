@@ -6,7 +6,6 @@ surviving a burst of file calls."""
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from datetime import timedelta
@@ -17,24 +16,15 @@ from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 from sandloop.server.app import create_app
 from sandloop.server.tokens import TokenStore
-from tests.servers import serve_in_thread
+from tests.servers import e2b_environment, serve_in_thread
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tokens = TokenStore(tmp_path_factory.mktemp("e2b-conformance") / "tokens.sqlite")
     key, _ = tokens.create("plain-defaults")  # as `sandloop tokens create NAME` makes it
-    with serve_in_thread(create_app(tokens)) as url:
-        saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
-        os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=key)
-        try:
-            yield url
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with serve_in_thread(create_app(tokens)) as url, e2b_environment(url, key):
+        yield url
 
 
 @pytest.fixture

@@ -58,6 +58,17 @@ def _get(directory, url: str) -> bytes:
         s.close()
 
 
+def _open_tunnel(directory, target: str) -> socket.socket:
+    """A CONNECT tunnel through the proxy, past its "200 Connection established"."""
+    s = _connect(directory)
+    s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    assert b" 200 " in head.split(b"\r\n")[0], head
+    return s
+
+
 def _tunnel(directory, target: str, server_name: str, ca_pem: str) -> bytes:
     s = _connect(directory)
     s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
@@ -223,12 +234,7 @@ def _armed(proxy, key: str, **options):
 
 def _tls_request(proxy, d, host: str, request: str) -> bytes:
     """One request through an intercepted tunnel (the sandbox trusts this install's CA)."""
-    s = _connect(d)
-    s.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += s.recv(1)
-    assert b" 200 " in head.split(b"\r\n")[0], head
+    s = _open_tunnel(d, f"{host}:443")
     context = ssl.create_default_context(cadata=proxy.authority.cert_pem)
     with context.wrap_socket(s, server_hostname=host) as tls:
         tls.sendall(request.encode())
@@ -365,11 +371,7 @@ def test_a_client_hello_split_over_two_records_is_read_whole(proxy, servers):
     body = record[5:]
     half = len(body) // 3
     split = b"".join(record[:3] + len(part).to_bytes(2, "big") + part for part in (body[:half], body[half:]))
-    s = _connect(d)
-    s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += s.recv(1)
+    s = _open_tunnel(d, "allowed.test:443")
     s.sendall(split)
     assert _read_all(s) == b""  # closed, nothing relayed
     s.close()
@@ -380,11 +382,7 @@ def test_a_client_hello_split_over_two_records_is_read_whole(proxy, servers):
 @pytest.mark.parametrize("first", [b"SSH-2.0-x\r\n", b"\x00\x01\x02\x03\x04\x05"], ids=["ssh", "binary"])
 def test_a_tunnel_that_does_not_start_with_tls_is_refused(proxy, servers, first):
     d = proxy.open("e-notls", ("allowed.test:443",))
-    s = _connect(d)
-    s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += s.recv(1)
+    s = _open_tunnel(d, "allowed.test:443")
     s.sendall(first + b"\0" * 16)
     assert _read_all(s) == b""
     s.close()
@@ -425,11 +423,7 @@ def test_plain_http_inside_a_tunnel_is_bound_to_the_tunnels_host(proxy, servers)
     """Node's fetch tunnels http:// URLs too: the request inside is read and bound like any."""
     d = proxy.open("e-plain-tunnel", ("allowed.test",))
     servers.seen.requests.clear()
-    s = _connect(d)
-    s.sendall(b"CONNECT allowed.test:80 HTTP/1.1\r\nHost: allowed.test:80\r\n\r\n")
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += s.recv(1)
+    s = _open_tunnel(d, "allowed.test:80")
     s.sendall(b"GET /inside HTTP/1.1\r\nHost: other.test\r\n\r\n")
     reply = _read_all(s)
     s.close()
@@ -451,11 +445,7 @@ def test_a_relay_quiet_both_ways_is_closed_and_the_servers_can_hold_their_relays
     made = EgressProxy(tmp_path / "egress", hosts={"silent.test:443": f"127.0.0.1:{silent.getsockname()[1]}"})
     try:
         d = made.open("e-idle", ("silent.test:443",))
-        s = _connect(d)
-        s.sendall(b"CONNECT silent.test:443 HTTP/1.1\r\nHost: silent.test:443\r\n\r\n")
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += s.recv(1)
+        s = _open_tunnel(d, "silent.test:443")
         s.sendall(_client_hello("silent.test"))
         upstream, _ = silent.accept()  # the relay is up; now nobody says anything
         s.settimeout(60)

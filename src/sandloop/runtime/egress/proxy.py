@@ -367,8 +367,11 @@ class EgressProxy:
                 for server in (box.server, *box.extra_servers):
                     if server is not None:
                         server.close()
-                for task in list(box.tasks):
+                tasks = list(box.tasks)
+                for task in tasks:
                     task.cancel()
+                if tasks:  # let them finish cancelling (else a loop stopped next destroys them pending)
+                    await asyncio.wait(tasks, timeout=5)
 
             with contextlib.suppress(Exception):
                 self._call(stop())
