@@ -488,3 +488,28 @@ def test_the_proxy_holds_a_bounded_number_of_connections_for_all_sandboxes(proxy
     assert any("for all sandboxes: refused" in n for n in notes), notes
     for s in held:
         s.close()
+
+
+def test_one_request_per_connection_and_nothing_after_it_goes_up(proxy, servers):
+    """Before: requests after the first on a plain-HTTP connection were relayed raw, unchecked and
+    unaudited (a second request could name any Host or carry anything)."""
+    d = proxy.open("e-pipe", ("allowed.test",))
+    servers.seen.requests.clear()
+    s = _connect(d)
+    body = b"x=1"
+    s.sendall(
+        b"GET http://allowed.test/first HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 3\r\n\r\n"
+        + body
+        + b"GET /second HTTP/1.1\r\nHost: other.test\r\n\r\n"  # pipelined on the same connection
+    )
+    reply = _read_all(s)
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 ") and b"/second" not in reply
+    assert [path for _, path, _ in servers.seen.requests] == ["/first"]
+    (attempt,) = proxy.attempts("e-pipe")
+    assert "bytes after the request were not sent" in attempt.note
+    s = _connect(d)
+    s.sendall(b"POST http://allowed.test/c HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n")
+    reply = _read_all(s)
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 403") and b"Content-Length" in reply

@@ -458,6 +458,7 @@ class EgressProxy:
                 await writer.drain()
                 upstream = await self._intercept(box, attempt, reader, writer, address)
                 return
+            plain: bytes | None = None
             if method == "CONNECT":
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 await writer.drain()
@@ -479,9 +480,11 @@ class EgressProxy:
                     await _reply(writer, 502, attempt.note)
                 return
             upstream = up_writer
-            await _relay(
-                self._with_secrets(box, attempt, forward, tls=False), reader, writer, up_reader, up_writer, attempt
-            )
+            head = self._with_secrets(box, attempt, forward, tls=False)
+            # one HTTP request per connection: after its head and body nothing more of the client's
+            # goes up (a second request on it would go unchecked and unaudited); TLS goes on as is
+            body = None if method == "CONNECT" and plain is None else _body_length(head)
+            await _relay(head, reader, writer, up_reader, up_writer, attempt, client_bytes=body)
         except Refused as exc:
             if attempt is not None:
                 attempt.allowed, attempt.note = False, str(exc)
@@ -529,7 +532,7 @@ class EgressProxy:
             attempt.add_note(f"could not reach {host}:{attempt.port}: {exc}")
             await _reply(writer, 502, f"could not reach {host}:{attempt.port}")
             return None
-        await _relay(head, reader, writer, up_reader, up_writer, attempt)
+        await _relay(head, reader, writer, up_reader, up_writer, attempt, client_bytes=_body_length(head))
         return up_writer
 
     async def _destination(self, box: _Box, host: str, port: int) -> tuple[str, int]:
@@ -774,30 +777,55 @@ async def _relay(
     up_reader: asyncio.StreamReader,
     up_writer: asyncio.StreamWriter,
     attempt: _Attempt,
+    client_bytes: int | None = None,
 ) -> None:
-    """Send ``first`` upstream, then copy both ways until both sides are done, counting bytes."""
+    """Send ``first`` upstream, then copy both ways until both sides are done, counting bytes
+    (``client_bytes``: at most that many more of the client's, a request's body)."""
     up_writer.write(first)
     attempt.bytes_out += len(first)
     activity = [asyncio.get_running_loop().time()]  # the last byte either way
     await asyncio.gather(
-        _pipe(reader, up_writer, attempt, "bytes_out", activity),
+        _pipe(reader, up_writer, attempt, "bytes_out", activity, client_bytes),
         _pipe(up_reader, writer, attempt, "bytes_in", activity),
         return_exceptions=True,
     )
 
 
+def _body_length(head: bytes) -> int:
+    """The body a request head announces (0 without one). A chunked body is refused: a request
+    needs its length, so that nothing after it goes up unchecked."""
+    length = 0
+    for line in head.decode("latin-1").split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        if name == "transfer-encoding":
+            raise Refused("a request with a chunked body: send its Content-Length (one request per connection)")
+        if name == "content-length":
+            if not value.strip().isdigit():
+                raise Refused(f"Content-Length {value.strip()[:20]!r} is not a number of bytes")
+            length = int(value.strip())
+    return length
+
+
 async def _pipe(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, attempt: _Attempt, count: str, activity: list[float]
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    attempt: _Attempt,
+    count: str,
+    activity: list[float],
+    limit: int | None = None,
 ) -> None:
     # Big reads and a deep write buffer: per-chunk overhead, not bandwidth, is what a Python copy
     # pays (measured: 64 KiB chunks nearly doubled a 1 MB transfer's time).
     writer.transport.set_write_buffer_limits(high=PIPE_CHUNK * 4)
     loop = asyncio.get_running_loop()
     check = min(30.0, RELAY_IDLE_SECONDS)
+    said = False
     try:
         while True:
+            want = PIPE_CHUNK if limit is None or limit <= 0 else min(PIPE_CHUNK, limit)
             try:
-                data = await asyncio.wait_for(reader.read(PIPE_CHUNK), check)
+                data = await asyncio.wait_for(reader.read(want), check)
             except TimeoutError:
                 if loop.time() - activity[0] >= RELAY_IDLE_SECONDS:  # quiet both ways: let it go
                     attempt.add_note(f"closed after {RELAY_IDLE_SECONDS:g} s without a byte either way")
@@ -806,6 +834,13 @@ async def _pipe(
             if not data:
                 return
             activity[0] = loop.time()
+            if limit is not None:
+                if limit <= 0:  # past the request: read and dropped (no half-close, which some
+                    if not said:  # servers take for the client leaving and abort the answer)
+                        attempt.add_note("bytes after the request were not sent (one request per connection)")
+                        said = True
+                    continue
+                limit -= len(data)
             writer.write(data)
             setattr(attempt, count, getattr(attempt, count) + len(data))
             await writer.drain()
