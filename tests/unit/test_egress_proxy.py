@@ -513,3 +513,17 @@ def test_one_request_per_connection_and_nothing_after_it_goes_up(proxy, servers)
     reply = _read_all(s)
     s.close()
     assert reply.startswith(b"HTTP/1.1 403") and b"Content-Length" in reply
+
+
+def test_a_placeholder_in_a_body_is_said_and_never_replaced(secret_proxy, servers):
+    """Before: a placeholder in a request body (to any host) went by unmentioned in the audit."""
+    d, placeholder = _armed(secret_proxy, "e-body", plain_http=True)
+    body = ("a" * 70_000 + placeholder).encode()  # past the first read, across chunk boundaries
+    s = _connect(d)
+    s.sendall(
+        f"GET http://other.test/b HTTP/1.1\r\nHost: other.test\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    assert _read_all(s).startswith(b"HTTP/1.1 200")
+    s.close()
+    (attempt,) = secret_proxy.attempts("e-body")
+    assert "placeholder of secret TOKEN was in a request body" in attempt.note and SECRET not in attempt.note

@@ -270,6 +270,30 @@ class EgressProxy:
             placeholders[name] = placeholder
         return placeholders
 
+    @staticmethod
+    def _body_scanner(box: _Box, attempt: _Attempt) -> Callable[[bytes], None] | None:
+        """What looks through a request body the proxy can read: a secret's placeholder there is
+        never replaced (only headers carry a value) and is said in the audit."""
+        if not box.secrets:
+            return None
+        wanted = {p.encode(): name for p, (name, _) in box.secrets.items()}
+        overlap = max(len(p) for p in wanted) - 1
+        tail = b""
+        said: set[str] = set()
+
+        def scan(data: bytes) -> None:
+            nonlocal tail
+            window = tail + data
+            for placeholder, name in wanted.items():
+                if name not in said and placeholder in window:
+                    said.add(name)
+                    attempt.add_note(
+                        f"the placeholder of secret {name} was in a request body: sent as it is, not replaced"
+                    )
+            tail = window[-overlap:]
+
+        return scan
+
     def disarm(self, key: str, placeholders: Mapping[str, str] | None) -> None:
         """Forget a run's or a cell's secrets: their placeholders are plain strings from now on (a
         later cell of the same interpreter, or a thread the cell left running, gets nothing)."""
@@ -484,7 +508,8 @@ class EgressProxy:
             # one HTTP request per connection: after its head and body nothing more of the client's
             # goes up (a second request on it would go unchecked and unaudited); TLS goes on as is
             body = None if method == "CONNECT" and plain is None else _body_length(head)
-            await _relay(head, reader, writer, up_reader, up_writer, attempt, client_bytes=body)
+            scan = self._body_scanner(box, attempt) if body is not None else None
+            await _relay(head, reader, writer, up_reader, up_writer, attempt, client_bytes=body, scan=scan)
         except Refused as exc:
             if attempt is not None:
                 attempt.allowed, attempt.note = False, str(exc)
@@ -532,7 +557,16 @@ class EgressProxy:
             attempt.add_note(f"could not reach {host}:{attempt.port}: {exc}")
             await _reply(writer, 502, f"could not reach {host}:{attempt.port}")
             return None
-        await _relay(head, reader, writer, up_reader, up_writer, attempt, client_bytes=_body_length(head))
+        await _relay(
+            head,
+            reader,
+            writer,
+            up_reader,
+            up_writer,
+            attempt,
+            client_bytes=_body_length(head),
+            scan=self._body_scanner(box, attempt),
+        )
         return up_writer
 
     async def _destination(self, box: _Box, host: str, port: int) -> tuple[str, int]:
@@ -778,14 +812,16 @@ async def _relay(
     up_writer: asyncio.StreamWriter,
     attempt: _Attempt,
     client_bytes: int | None = None,
+    scan: Callable[[bytes], None] | None = None,
 ) -> None:
     """Send ``first`` upstream, then copy both ways until both sides are done, counting bytes
-    (``client_bytes``: at most that many more of the client's, a request's body)."""
+    (``client_bytes``: at most that many more of the client's, a request's body, which ``scan``
+    sees on its way)."""
     up_writer.write(first)
     attempt.bytes_out += len(first)
     activity = [asyncio.get_running_loop().time()]  # the last byte either way
     await asyncio.gather(
-        _pipe(reader, up_writer, attempt, "bytes_out", activity, client_bytes),
+        _pipe(reader, up_writer, attempt, "bytes_out", activity, client_bytes, scan),
         _pipe(up_reader, writer, attempt, "bytes_in", activity),
         return_exceptions=True,
     )
@@ -814,6 +850,7 @@ async def _pipe(
     count: str,
     activity: list[float],
     limit: int | None = None,
+    scan: Callable[[bytes], None] | None = None,
 ) -> None:
     # Big reads and a deep write buffer: per-chunk overhead, not bandwidth, is what a Python copy
     # pays (measured: 64 KiB chunks nearly doubled a 1 MB transfer's time).
@@ -841,6 +878,8 @@ async def _pipe(
                         said = True
                     continue
                 limit -= len(data)
+            if scan is not None:
+                scan(data)
             writer.write(data)
             setattr(attempt, count, getattr(attempt, count) + len(data))
             await writer.drain()
