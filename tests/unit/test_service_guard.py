@@ -347,3 +347,20 @@ def test_a_batch_counts_each_of_its_operations_all_or_none(tokens):
         pass
     with pytest.raises(QuotaError):
         rates.enter(token)
+
+
+def test_a_head_that_never_ends_is_closed_by_the_server(tmp_path):
+    """Before: `serve` waited forever for a request head that never ended (200 half-sent
+    unauthenticated requests were held 90 s and more, each a descriptor and a slot)."""
+    with sandloop_process("serve", "--head-timeout", "1", home=tmp_path, env={"SANDLOOP_BACKEND": "fake"}) as (
+        port,
+        _,
+    ):
+        half = socket.create_connection(("127.0.0.1", port))
+        half.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+        silent = socket.create_connection(("127.0.0.1", port))  # never a byte
+        for s in (half, silent):
+            s.settimeout(60)  # the bound is the test's own timeout, the mechanism the server's
+            assert s.recv(1) == b""  # closed by the server
+            s.close()
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).json() == {"status": "ok"}

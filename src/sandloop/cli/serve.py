@@ -9,6 +9,12 @@ import typer
 from sandloop.cli.common import SECRET_HELP, _fail, app, err, parse_secrets
 from sandloop.contract import SandboxError, SandboxLimits
 
+_HEAD_TIMEOUT = typer.Option(
+    "--head-timeout",
+    help="Seconds a connection may take to send a whole request head; past it, it is closed "
+    "(a client that never finishes one holds nothing).",
+)
+
 
 def _warn_if_exposed(host: str, what: str) -> None:
     import ipaddress
@@ -46,10 +52,11 @@ def serve(
     metrics: Annotated[
         str, typer.Option("--metrics", help="Who may read /metrics: token (a valid token), open, or off.")
     ] = "token",
+    head_timeout: Annotated[float, _HEAD_TIMEOUT] = 30.0,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs). Create a token first: `sandloop tokens create NAME`."""
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - here to say which extra is missing, used by serve_forever
 
         from sandloop.server.app import create_app
         from sandloop.server.providers import EndpointConfigError, ProviderEndpoints
@@ -62,16 +69,13 @@ def serve(
     except EndpointConfigError as exc:
         raise _fail(f"--provider-url {exc}", 2) from None
     from sandloop.root import shutdown
-    from sandloop.server.lifecycle import at_shutdown
+    from sandloop.server.lifecycle import at_shutdown, serve_forever
 
     _warn_if_exposed(host, "the HTTP API")
     # The warm pool's sandboxes go when the server stops, not at the next reap.
     access: Literal["token", "open", "off"] = metrics  # type: ignore[assignment]  # checked above
     app_ = at_shutdown(create_app(providers=endpoints, metrics_access=access), shutdown)
-    from sandloop.runtime.egress.proxy import raise_open_files
-
-    raise_open_files()  # the egress proxy holds two descriptors per connection it relays
-    uvicorn.run(app_, host=host, port=port, log_level="info")
+    serve_forever(app_, host, port, head_timeout)
 
 
 @app.command()
@@ -90,6 +94,7 @@ def mcp(
         ),
     ] = None,
     secret: Annotated[list[str] | None, typer.Option("--secret", help=SECRET_HELP)] = None,
+    head_timeout: Annotated[float, _HEAD_TIMEOUT] = 30.0,
 ) -> None:
     """Serve sandloop as MCP tools (run code, sessions, files) for MCP clients.
 
@@ -113,17 +118,13 @@ def mcp(
         if transport == "stdio":
             create_mcp_server(limits, secrets=secrets).run("stdio")
             return
-        import uvicorn
 
-        from sandloop.server.lifecycle import at_shutdown
+        from sandloop.server.lifecycle import at_shutdown, serve_forever
         from sandloop.server.tokens import TokenStore
 
         tokens = TokenStore()
         _warn_if_exposed(host, "the MCP server")
         app_ = at_shutdown(http_app(create_mcp_server(limits, tokens, secrets=secrets), tokens, host=host), shutdown)
-        from sandloop.runtime.egress.proxy import raise_open_files
-
-        raise_open_files()  # the egress proxy holds two descriptors per connection it relays
-        uvicorn.run(app_, host=host, port=port, log_level="info")
+        serve_forever(app_, host, port, head_timeout)
     finally:
         shutdown()  # stdio ends by returning; over HTTP the lifespan above already did this

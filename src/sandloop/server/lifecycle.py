@@ -7,6 +7,7 @@ after ``uvicorn.run`` left the warm pool's containers behind).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from starlette.concurrency import run_in_threadpool
@@ -30,3 +31,62 @@ def at_shutdown(app: ASGIApp, cleanup: Callable[[], None]) -> ASGIApp:
         await app(scope, receive_and_clean, send)
 
     return wrapped
+
+
+#: Seconds a connection may take to send a whole request head (and a new one after its last
+#: answer): past it, the connection is closed. uvicorn waits forever for a head that never ends
+#: (measured: 200 half-sent unauthenticated requests held for 90 s and more).
+HEAD_TIMEOUT_SECONDS = 30.0
+
+
+def serve_forever(app: ASGIApp, host: str, port: int, head_timeout: float = HEAD_TIMEOUT_SECONDS) -> None:
+    """uvicorn on ``host:port``: its h11 protocol with a timeout for request heads, the process's
+    descriptor limit raised (the egress proxy holds two per connection it relays)."""
+    import uvicorn
+
+    from sandloop.runtime.egress.proxy import raise_open_files
+
+    raise_open_files()
+    uvicorn.run(app, host=host, port=port, log_level="info", http=_head_timeout_protocol(head_timeout))
+
+
+def _head_timeout_protocol(seconds: float) -> type:
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadTimeoutProtocol(H11Protocol):
+        """uvicorn's h11 protocol; a request head not whole within ``seconds`` closes the connection."""
+
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is h11.IDLE:  # a head begun and not yet whole
+                self._arm()
+            else:
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _expire(self) -> None:
+            self._head_timer = None
+            busy = self.cycle is not None and not self.cycle.response_complete
+            if not busy and self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadTimeoutProtocol
