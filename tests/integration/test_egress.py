@@ -82,6 +82,35 @@ def test_node_fetch_and_pip_go_through_the_proxy(root, servers, runtime):
     assert ("http", f"/files/{WHEEL_NAME}") in [(s, p) for s, p, _ in servers.seen.requests]
 
 
+def test_a_client_hello_split_in_two_records_cannot_front_another_host(root, servers, runtime):
+    """Issue 27 #2 from inside the sandbox: the ClientHello for other.test split over two TLS
+    records, in a tunnel to allowed.test. Before, the proxy read the first record as the whole
+    hello, saw no server name and let it through to a server that reassembled it."""
+    body = """
+incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="other.test")
+try:
+    tls.do_handshake()
+except ssl.SSLWantReadError:
+    pass
+record = outgoing.read()
+hello = record[5:]
+half = len(hello) // 3
+split = b"".join(record[:3] + len(p).to_bytes(2, "big") + p for p in (hello[:half], hello[half:]))
+s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\\r\\nHost: allowed.test:443\\r\\n\\r\\n")
+head = b""
+while b"\\r\\n\\r\\n" not in head:
+    head += s.recv(1)
+s.sendall(split)
+print("answer:", s.recv(100))
+"""
+    r = root.run_code(_python(servers.ca_pem, body), limits=_limits(runtime, "allowed.test:443"), timeout_seconds=60)
+    assert r.ok and r.stdout.strip() == "answer: b''", (r.stdout, r.stderr)
+    (attempt,) = r.egress
+    assert not attempt.allowed and "'other.test' does not match" in attempt.note and attempt.bytes_in == 0
+
+
 def test_everything_else_is_refused_and_said(root, servers, runtime):
     body = """
 def attempt(what, f):
@@ -271,6 +300,17 @@ def test_front_ends_cli_api_and_agent_carry_egress_and_secrets(secret_root, serv
             },
         }
         r = httpx.post(f"{url}/v1/runs", json=body, headers={"Authorization": f"Bearer {secret}"}, timeout=120)
+        # issue 27 #1 through the API: the placeholder in a URL to the secret's host, where a 404
+        # page or a redirect would echo it back with the value in its place
+        echo = {
+            **body,
+            "code": "import os, urllib.request\ntry:\n"
+            "    urllib.request.urlopen('http://allowed.test/echo/' + os.environ['KEY'], timeout=20)\n"
+            "except Exception as e:\n    print(e.code, e.read().decode())",
+        }
+        reflected = httpx.post(f"{url}/v1/runs", json=echo, headers={"Authorization": f"Bearer {secret}"}, timeout=120)
+    assert reflected.status_code == 200 and SECRET_VALUE not in reflected.text, reflected.text
+    assert reflected.json()["stdout"].startswith("403 sandloop egress: the placeholder of secret KEY is in the request")
     assert r.status_code == 200 and SECRET_VALUE not in r.text, r.text
     result = r.json()
     assert result["stdout"] == "hello from http /api\n"  # other.test is listed here: no error printed
