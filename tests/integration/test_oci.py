@@ -290,3 +290,23 @@ def test_stores_of_gone_images_and_half_written_bundles_are_collected(tmp_path):
         assert not emptied.exists()
     finally:
         backend.close()
+
+
+def test_a_runsc_sandboxes_tmp_left_dangling_is_reaped(oci):
+    """Under gVisor /tmp is an anonymous tmpfs volume (runtime/tmpfs.py), removed with its
+    container; one whose container went without it (a crash, a `docker rm -f` by hand) is found by
+    its label and removed by the reaper (before: 17 were found left on this machine)."""
+    from sandloop.pool.reaper import reap
+
+    docker_backend = oci.docker
+    live = docker_backend.launch(
+        _request("x", limits=SandboxLimits(runtime="runsc")).spec, purpose="run", lifetime_seconds=60
+    )
+    (volume,) = [
+        m["Name"] for m in docker_backend.api.inspect_container(live.id)["Mounts"] if m["Destination"] == "/tmp"
+    ]
+    docker_backend.api.remove_container(live.id, force=True)  # without v=True
+    assert docker_backend.api.inspect_volume(volume)["Labels"] == {"sandloop.tmpfs": "1"}
+    reaped = reap(oci)
+    assert ("tmpfs", volume) in [(r.kind, r.id) for r in reaped] and not [r for r in reaped if r.error]
+    assert volume not in [v["Name"] for v in docker_backend.api.volumes().get("Volumes") or []]

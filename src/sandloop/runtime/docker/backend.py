@@ -34,7 +34,7 @@ from sandloop.paths import default_home
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.docker.errors import engine_errors
-from sandloop.runtime.docker.hardening import container_config, egress_relayed
+from sandloop.runtime.docker.hardening import TMPFS_LABEL, container_config, egress_relayed
 from sandloop.runtime.docker.health import EngineBreaker
 from sandloop.runtime.docker.stream import SocketChannel
 from sandloop.runtime.docker.workspace import DockerWorkspaces, can_enforce_quotas
@@ -484,6 +484,10 @@ class DockerBackend:
             ]
             volumes = self.api.volumes(filters={"label": label}).get("Volumes") or []
             out += [Owned("workspace", v["Name"], v.get("Labels") or {}) for v in volumes]
+            # a runsc sandbox's /tmp volume that no container uses any more: garbage whoever made it
+            dangling = self.api.volumes(filters={"label": TMPFS_LABEL, "dangling": True}).get("Volumes") or []
+            gone = {f"{LABEL_PREFIX}owner": "", f"{LABEL_PREFIX}purpose": "tmpfs", f"{LABEL_PREFIX}expires": "0"}
+            out += [Owned("tmpfs", v["Name"], gone) for v in dangling]
         # Egress proxy sockets a process left (killed before its sandbox's teardown).
         proxy = self._egress_dirs()
         for key, owner in proxy.leftovers():

@@ -12,7 +12,7 @@ from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 from sandloop.contract import SandboxLimits
 from sandloop.runtime.base import SandboxSpec
 from sandloop.runtime.egress.proxy import SANDBOX_DIR, sandbox_env
-from sandloop.runtime.labels import owner_labels
+from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
 from sandloop.runtime.tmpfs import host_tmpfs_needed, tmp_options
 
 #: The environment every sandbox gets. Nothing from the host's environment is passed in.
@@ -36,6 +36,9 @@ def seccomp_options(profile: str) -> list[str]:
     """security_opt entries for a profile name: sandloop's own (see scripts/make-seccomp.py)."""
     return [f"seccomp={_sandloop_seccomp()}"] if profile == "sandloop" else []
 
+
+#: The label of the host tmpfs volume that is a runsc sandbox's /tmp (runtime/tmpfs.py).
+TMPFS_LABEL = f"{LABEL_PREFIX}tmpfs"
 
 #: The runsc runtime entry for sandboxes with an egress allowlist: still ``--network=none``, plus
 #: ``--host-uds=open`` so the sandbox can connect to the one host Unix socket mounted into it (its
@@ -79,7 +82,11 @@ def container_config(
         # gVisor's own tmpfs ignores nr_inodes (runtime/tmpfs.py): an anonymous local volume is a
         # host tmpfs with every option, removed with the container (remove_container(v=True)).
         options = {"type": "tmpfs", "device": "tmpfs", "o": f"{tmp_options(limits)},nosuid,nodev"}
-        mounts.append(Mount("/tmp", None, type="volume", driver_config=DriverConfig("local", options)))
+        # labelled, so that one left dangling (its container removed without v=True, by a crash
+        # or by hand) is found and removed by the reaper (DockerBackend.owned)
+        mounts.append(
+            Mount("/tmp", None, type="volume", driver_config=DriverConfig("local", options), labels={TMPFS_LABEL: "1"})
+        )
     else:
         tmpfs["/tmp"] = f"rw,nosuid,nodev,{tmp_options(limits)}"
     host_config = api.create_host_config(
