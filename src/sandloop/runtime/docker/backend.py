@@ -461,6 +461,11 @@ class DockerBackend:
         if code != 0:
             state = self.api.inspect_container(container_id).get("State", {})
             oom = bool(state.get("OOMKilled"))
+            if not oom and code == 137:
+                # Under runsc the engine's OOM event can come after the exit (seen once in seven CI
+                # runs: 137 with OOMKilled false); the container's memory cgroup counts the kill
+                # itself until the container is removed.
+                oom = _cgroup_oom_kills(container_id) > 0
         return code, oom
 
     # -- workspaces ---------------------------------------------------------------------------
@@ -629,3 +634,15 @@ def _engine_message(exc: Exception) -> str:
     """The engine's own explanation, without docker-py's HTTP preamble."""
     explanation = getattr(exc, "explanation", None)
     return str(explanation or exc)
+
+
+def _cgroup_oom_kills(container_id: str) -> int:
+    """The kernel's OOM kills in a Docker container's memory cgroup (cgroup v1, cgroupfs), or 0."""
+    try:
+        for line in Path(f"/sys/fs/cgroup/memory/docker/{container_id}/memory.oom_control").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
