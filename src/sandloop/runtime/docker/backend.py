@@ -33,6 +33,7 @@ from sandloop.contract.egress import Secret
 from sandloop.paths import default_home
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
+from sandloop.runtime.cgroup import memory_oom_kills
 from sandloop.runtime.docker.errors import engine_errors
 from sandloop.runtime.docker.hardening import TMPFS_LABEL, container_config, egress_relayed
 from sandloop.runtime.docker.health import EngineBreaker
@@ -465,7 +466,7 @@ class DockerBackend:
                 # Under runsc the engine's OOM event can come after the exit (seen once in seven CI
                 # runs: 137 with OOMKilled false); the container's memory cgroup counts the kill
                 # itself until the container is removed.
-                oom = _cgroup_oom_kills(container_id) > 0
+                oom = memory_oom_kills(f"docker/{container_id}") > 0
         return code, oom
 
     # -- workspaces ---------------------------------------------------------------------------
@@ -634,15 +635,3 @@ def _engine_message(exc: Exception) -> str:
     """The engine's own explanation, without docker-py's HTTP preamble."""
     explanation = getattr(exc, "explanation", None)
     return str(explanation or exc)
-
-
-def _cgroup_oom_kills(container_id: str) -> int:
-    """The kernel's OOM kills in a Docker container's memory cgroup (cgroup v1, cgroupfs), or 0."""
-    try:
-        for line in Path(f"/sys/fs/cgroup/memory/docker/{container_id}/memory.oom_control").read_text().splitlines():
-            name, _, value = line.partition(" ")
-            if name == "oom_kill":
-                return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0

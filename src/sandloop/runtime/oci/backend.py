@@ -49,6 +49,7 @@ from sandloop.contract import CellResult, ExecutionResult, HostDiskFull, Sandbox
 from sandloop.contract.egress import Secret
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
+from sandloop.runtime.cgroup import memory_oom_kills
 from sandloop.runtime.docker import DockerBackend, LiveSandbox
 from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
 from sandloop.runtime.oci.config import Templates, binds_host_tmp, docker_bundle_config, parity_problems, render
@@ -106,17 +107,6 @@ def _remove_tree(path: Path) -> None:
         if not path.exists():
             return
         time.sleep(0.01)
-
-
-def _oom_kills(sandbox_id: str) -> int:
-    try:
-        text = Path(f"/sys/fs/cgroup/memory/{CGROUP_PARENT}/{sandbox_id}/memory.oom_control").read_text()
-    except OSError:
-        return 0
-    for line in text.splitlines():
-        if line.startswith("oom_kill "):
-            return int(line.split()[1])
-    return 0
 
 
 class OCIBackend:
@@ -486,7 +476,7 @@ class OCIBackend:
             code = reported
         # ``--keep`` keeps the cgroup until ``runc delete``: its counter says whether the kernel's
         # OOM killer fired in this sandbox (a program's own SIGKILL or exit(137) does not count).
-        return code, code != 0 and _oom_kills(sandbox.id) > 0
+        return code, code != 0 and memory_oom_kills(f"{CGROUP_PARENT}/{sandbox.id}") > 0
 
     @staticmethod
     def _raise_if_runtime_failed(sandbox: DirectSandbox) -> None:
