@@ -10,6 +10,8 @@
 
 from sandloop.contract import (
     CellResult,
+    CodeContext,
+    ContextNotFound,
     EgressAttempt,
     EngineUnavailable,
     ExecutionResult,
@@ -39,6 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CellResult",
+    "CodeContext",
     "EgressAttempt",
     "EngineUnavailable",
     "ExecutionResult",
@@ -54,6 +57,7 @@ __all__ = [
     "Secret",
     "Sandloop",
     "Session",
+    "ContextNotFound",
     "SessionNotFound",
     "Settings",
     "TooLarge",

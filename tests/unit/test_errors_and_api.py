@@ -19,6 +19,8 @@ def test_public_api_is_what_it_should_be():
     assert sorted(sandloop.__all__) == sorted(
         [
             "CellResult",
+            "CodeContext",
+            "ContextNotFound",
             "EgressAttempt",
             "EngineUnavailable",
             "ExecutionResult",

@@ -2,6 +2,7 @@
 
 from sandloop.contract.egress import EgressAttempt
 from sandloop.contract.errors import (
+    ContextNotFound,
     EngineUnavailable,
     HostDiskFull,
     ImageMissing,
@@ -20,15 +21,26 @@ from sandloop.contract.errors import (
     WorkspaceFull,
 )
 from sandloop.contract.limits import DEFAULT_LIMITS, SandboxLimits, format_size, parse_size
-from sandloop.contract.result import Artifact, CellError, CellResult, ExecutionResult
+from sandloop.contract.result import (
+    ARTIFACT_FORMATS,
+    Artifact,
+    CellError,
+    CellResult,
+    CodeContext,
+    ExecutionResult,
+    Output,
+)
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "ARTIFACT_FORMATS",
     "Artifact",
     "CellError",
     "CellResult",
+    "CodeContext",
     "EgressAttempt",
     "PathRefused",
+    "ContextNotFound",
     "SessionNotFound",
     "SessionLost",
     "NodeLost",
@@ -38,6 +50,7 @@ __all__ = [
     "WorkspaceFull",
     "EngineUnavailable",
     "ExecutionResult",
+    "Output",
     "ImageMissing",
     "InvalidArgument",
     "InvalidLimits",

@@ -127,6 +127,13 @@ class SessionNotFound(SandboxError):
     code = "session_not_found"
 
 
+class ContextNotFound(SandboxError):
+    """No code context with that id in the session (it was removed, or the session's
+    interpreter sandbox was replaced, which takes every context with it)."""
+
+    code = "context_not_found"
+
+
 class NodeLost(SandboxError):
     """A node of a cluster (the Ray backend) was lost, or stopped answering, during a call. The
     call may or may not have started its code; it is never retried (untrusted code runs at most

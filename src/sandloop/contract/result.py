@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from sandloop.contract.egress import EgressAttempt
@@ -78,6 +80,47 @@ class CellError(BaseModel):
     traceback: str
 
 
+class Output(BaseModel):
+    """One thing a cell displayed, in order: a MIME bundle, as Jupyter's ``display_data`` and
+    ``execute_result`` messages carry it. Binary formats (``image/png``, ``image/jpeg``,
+    ``application/pdf``) are base64 text; ``application/json`` and E2B's ``e2b/data`` (a
+    DataFrame's columns) and ``e2b/chart`` (a matplotlib figure's data) are JSON values."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str = Field(description="'execute_result' (the last expression) or 'display_data'.")
+    data: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def is_main_result(self) -> bool:
+        return self.type == "execute_result"
+
+    @property
+    def text(self) -> str | None:
+        value = self.data.get("text/plain")
+        return value if isinstance(value, str) else None
+
+    def __repr__(self) -> str:  # the formats, not a whole PNG
+        return f"Output(type={self.type!r}, formats={sorted(self.data)!r})"
+
+    __str__ = __repr__
+
+
+class CodeContext(BaseModel):
+    """One of a session's independent interpreters (``Session.create_context``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    language: str = Field(description="python, javascript, typescript or bash.")
+    cwd: str
+
+
+#: Output formats that are files for the caller (``CellResult.artifacts``), and their suffixes.
+ARTIFACT_FORMATS = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg", "application/pdf": "pdf"}
+
+
 class CellResult(ExecutionResult):
     """A cell run in a session's stateful interpreter."""
 
@@ -91,3 +134,15 @@ class CellResult(ExecutionResult):
     #: The interpreter had to be killed (OOM, or it ignored the interrupt): its state is gone and
     #: the next cell starts a fresh one.
     interpreter_restarted: bool = False
+    #: What the cell displayed, in order (``display()``, figures, the last expression's bundle).
+    outputs: list[Output] = Field(default_factory=list)
+    #: The cell's number in its context, as a notebook's ``In [n]`` (None for bash).
+    execution_count: int | None = None
+    #: The context that ran the cell (``Session.create_context``); "default" for Python's.
+    context: str | None = None
+    #: The whole interpreter sandbox was replaced (it died, or did not answer): every context's
+    #: state is gone, not only this one's.
+    sandbox_replaced: bool = False
+    #: The interpreter's own answer to an operation on contexts (``Session.create_context`` and
+    #: the like), and ``refused`` for a cell it would not run; not part of the API's answers.
+    reply: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)

@@ -81,6 +81,30 @@ def _unmount_below(root: Path) -> None:
             subprocess.run(["umount", "-l", mnt], check=False, capture_output=True)
 
 
+def _node_packages(target: Path, progress: Progress) -> None:
+    """The npm packages of ``node-packages.txt`` (TypeScript, for the sessions' TypeScript
+    contexts), fetched with the host's npm as tarballs and unpacked where the image's node finds
+    them (``NODE_PATH``). No install scripts run: a package is its tarball's files."""
+    specs = _lines(RECIPE_DIR / "node-packages.txt")
+    if not specs:
+        return
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SandboxError(
+            "building the base image needs npm on the host for "
+            + ", ".join(specs)
+            + " (apt-get install npm, or Node.js's own installer)"
+        )
+    with tempfile.TemporaryDirectory(prefix="sandloop-npm-") as tmp:
+        _run([npm, "pack", "--silent", "--pack-destination", tmp, *specs], progress, "npm pack")
+        for tarball in sorted(Path(tmp).glob("*.tgz")):
+            name = tarball.name.rsplit("-", 1)[0]
+            dest = target / name
+            dest.mkdir(parents=True, exist_ok=True)
+            unpack = ["tar", "-xzf", str(tarball), "-C", str(dest), "--strip-components=1", "--no-same-owner"]
+            _run(unpack, progress, "unpack " + name)
+
+
 def build_base(images: DockerImages, progress: Progress) -> str:
     tag = base_tag()
     if images.exists(tag):
@@ -130,12 +154,15 @@ def build_base(images: DockerImages, progress: Progress) -> str:
                 pyver,
                 "--platform",
                 f"manylinux2014_{platform.machine()}",
+                "--platform",  # bookworm's glibc is 2.36: wheels built for 2.28 run (pillow 12's)
+                f"manylinux_2_28_{platform.machine()}",
                 "-r",
                 str(RECIPE_DIR / "requirements.txt"),
             ],
             progress,
             "pip wheels",
         )
+        _node_packages(rootfs / "usr/local/lib/node_modules", progress)
         for junk in (
             "var/cache/apt/archives",
             "var/lib/apt/lists",

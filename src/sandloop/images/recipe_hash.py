@@ -8,11 +8,14 @@ from pathlib import Path
 
 RECIPE_DIR = Path(__file__).with_name("recipe")
 #: Files that make up the base (debootstrap + wheels) and the full runtime image.
-BASE_FILES = ("packages.txt", "requirements.txt")
+BASE_FILES = ("packages.txt", "requirements.txt", "node-packages.txt")
 RUNTIME_FILES = (
     "Dockerfile",
     "launcher.py",
     "kernel.py",
+    "kernel_python.py",
+    "kernel_bash.py",
+    "kernel.js",
     "egress_relay.py",
     "egress-fetch.js",
     "sandloop_stdio.py",

@@ -146,12 +146,15 @@ class Backend(Protocol[S]):
         secrets: Mapping[str, Secret] | None = None,
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> CellResult:
         """Run a cell in a session's interpreter. Past ``interrupt_after`` seconds the cell is
         interrupted (its state survives); if the interpreter has not answered ``grace`` seconds
         later, or it died, the result says ``interpreter_restarted`` and the caller destroys it.
         ``on_output("stdout" | "stderr", data)`` sees output as it arrives; setting ``cancel``
-        interrupts the cell as its timeout would (its caller went away)."""
+        interrupts the cell as its timeout would (its caller went away). ``options`` go into the
+        frame's header (``protocol.encode_cell``): the context, the language, an operation on
+        contexts, the caller's environment for this cell."""
         ...
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> S | None:

@@ -25,10 +25,10 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sandloop.contract import Artifact, CellError, CellResult, ExecutionResult, SandboxLimits
+from sandloop.contract import ARTIFACT_FORMATS, Artifact, CellError, CellResult, ExecutionResult, Output, SandboxLimits
 
 if TYPE_CHECKING:
     from sandloop.runtime.base import RunRequest
@@ -78,13 +78,25 @@ def encode_run(
     return _frame(header, request.code + request.stdin)
 
 
-def encode_cell(code: str, nonce: str, *, env: Mapping[str, str] | None = None, ca_pem: str | None = None) -> bytes:
-    """One cell for a session's interpreter (``launcher.py --kernel``); ``env`` and ``ca_pem`` as
-    for a run (set in the interpreter before the cell runs, and kept)."""
+def encode_cell(
+    code: str,
+    nonce: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    ca_pem: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> bytes:
+    """One frame for a session's interpreters (``launcher.py --kernel``, see ``kernel.py``):
+    ``env`` (set for this cell only) and ``ca_pem`` as for a run; ``options`` the rest of the
+    header: ``op`` (cell, create, restart, remove, list), ``context``, ``language``, ``cwd``, and
+    an ``env`` of the caller's own, under the secrets' placeholders."""
     data = code.encode()
     header: dict[str, Any] = {"code": len(data), "nonce": nonce}
-    if env:
-        header["env"] = dict(env)
+    extra = dict(options or {})
+    merged = {**(extra.pop("env", None) or {}), **(env or {})}
+    header.update({k: v for k, v in extra.items() if v is not None})
+    if merged:
+        header["env"] = merged
     if ca_pem:
         header["ca"] = ca_pem
     return _frame(header, data)
@@ -125,6 +137,10 @@ class CappedStream:
         return None
 
 
+#: Bytes of one end line kept (a cell's outputs ride on it); past this its payload is lost.
+MAX_END_LINE = 64 * 1024 * 1024
+
+
 class EndWatch:
     """Passes one stream's bytes to its sink until the launcher's end line appears in it.
 
@@ -134,7 +150,7 @@ class EndWatch:
     def __init__(self, sink: CappedStream, marker: bytes | None) -> None:
         self.sink = sink
         self.marker = marker
-        self.held = b""
+        self.held = bytearray()
         self.status: int | None = None
         self.payload = b""
         #: Output after the end line (a thread still printing). A one-shot run drops it with its
@@ -149,15 +165,22 @@ class EndWatch:
         if self.marker is None:
             self.sink.feed(chunk)
             return
-        data = self.held + bytes(chunk)
+        if isinstance(chunk, memoryview):
+            chunk = bytes(chunk)
+        if self.held.startswith(self.marker) and b"\n" not in chunk:
+            # the middle of a long end line (a cell's outputs): keep it, without copying it again
+            if len(self.held) + len(chunk) <= MAX_END_LINE:
+                self.held += chunk
+            return
+        data = bytes(self.held) + bytes(chunk)
         at = data.find(self.marker)
         if at >= 0:
             end = data.find(b"\n", at)
             self.sink.feed(data[:at])
-            if end < 0:  # the status digits have not all arrived yet
-                self.held = data[at:]
+            if end < 0:  # the status digits (or the payload) have not all arrived yet
+                self.held = bytearray(data[at:])
                 return
-            self.held = b""
+            self.held = bytearray()
             status, _, payload = data[at + len(self.marker) : end].partition(b":")
             try:
                 self.status = int(status)
@@ -170,12 +193,12 @@ class EndWatch:
         nul = data.find(b"\0", cut)
         cut = nul if nul >= 0 else len(data)
         self.sink.feed(data[:cut])
-        self.held = data[cut:]
+        self.held = bytearray(data[cut:])
 
     def flush(self) -> None:
         if self.held:
-            self.sink.feed(self.held)
-            self.held = b""
+            self.sink.feed(bytes(self.held))
+            self.held = bytearray()
 
 
 class Collector:
@@ -376,32 +399,60 @@ def cell_result(
     collector.flush()
     status = collector.exit_status
     exit_code = -1 if timed_out else status if status is not None else 137 if oom_killed else 1
-    value, omitted, artifacts, error = None, 0, [], None
-    if collector.exit_status is not None and collector.payload:
-        reply = json.loads(base64.b64decode(collector.payload))
-        value = reply.get("value")
-        omitted = int(reply.get("value_omitted") or 0)
-        artifacts = [
-            Artifact(name=a["name"], mime_type=a["mime"], data=base64.b64decode(a["data"]))
-            for a in reply.get("artifacts", [])
-        ]
-        if isinstance(reply.get("error"), dict):
-            error = CellError(**reply["error"])
+    reply = cell_reply(collector)
+    value, omitted, error = reply.get("value"), int(reply.get("value_omitted") or 0), None
+    outputs = [Output(**o) for o in reply.get("outputs") or () if isinstance(o, dict)]
+    if isinstance(reply.get("error"), dict):
+        error = CellError(**reply["error"])
     return CellResult(
         **_streams(collector.stdout, collector.stderr),
         exit_code=exit_code,
         duration_seconds=time.monotonic() - started,
         timed_out=timed_out,
         oom_killed=oom_killed,
-        language="python",
         timeout_seconds=timeout_seconds,
         limits=limits,
         value=value,
         value_omitted_chars=omitted,
-        artifacts=artifacts,
+        artifacts=artifacts_of(outputs),
         error=error,
-        interpreter_restarted=interpreter_restarted,
+        interpreter_restarted=interpreter_restarted or bool(reply.get("restarted")),
+        sandbox_replaced=interpreter_restarted,
+        outputs=outputs,
+        execution_count=reply.get("execution_count"),
+        context=reply["context"] if isinstance(reply.get("context"), str) else None,
+        reply={k: reply[k] for k in ("context", "contexts", "removed", "refused") if k in reply},
+        language=str(reply.get("language") or "python"),
     )
+
+
+def cell_reply(collector: Collector) -> dict[str, Any]:
+    """The payload of a session interpreter's end line (``{}`` when there was none)."""
+    if collector.exit_status is None or not collector.payload:
+        return {}
+    try:
+        reply = json.loads(base64.b64decode(collector.payload))
+    except ValueError:
+        return {}
+    return reply if isinstance(reply, dict) else {}
+
+
+def artifacts_of(outputs: Sequence[Output]) -> list[Artifact]:
+    """The files among a cell's outputs (figures, images, PDFs), decoded, in order."""
+    found: list[Artifact] = []
+    for output in outputs:
+        for mime, suffix in ARTIFACT_FORMATS.items():
+            value = output.data.get(mime)
+            if not isinstance(value, str):
+                continue
+            try:
+                data = value.encode() if mime == "image/svg+xml" else base64.b64decode(value)
+            except ValueError:
+                continue
+            stem = "figure" if "Figure" in (output.text or "") else "image"
+            found.append(Artifact(name=f"{stem}-{len(found) + 1}.{suffix}", mime_type=mime, data=data))
+            break
+    return found
 
 
 def _streams(out: CappedStream, err: CappedStream) -> dict[str, Any]:

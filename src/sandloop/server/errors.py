@@ -10,6 +10,7 @@ STATUS = {
     "busy": 429,
     "not_found": 404,
     "session_not_found": 404,
+    "context_not_found": 404,
     "session_lost": 410,
     "node_lost": 503,
     "path_refused": 400,

@@ -72,6 +72,7 @@ class Kernel:
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
         detach: bool = False,
+        options: Mapping[str, Any] | None = None,
     ) -> CellResult:
         """``detach``: let go of the interpreter's stream after the cell (under the same lock), so
         no idle connection of this process receives another process's cells meanwhile."""
@@ -86,8 +87,9 @@ class Kernel:
                 secrets=secrets,
                 on_output=on_output,
                 cancel=cancel,
+                options=options,
             )
-            if result.interpreter_restarted:
+            if result.sandbox_replaced:  # one context's restart is the supervisor's business
                 self._drop(remove=True)
             elif detach:
                 self._drop(remove=False)

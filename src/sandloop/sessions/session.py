@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from sandloop.contract import (
     CellResult,
+    CodeContext,
+    ContextNotFound,
     ExecutionResult,
     InvalidArgument,
     PathRefused,
@@ -52,6 +54,20 @@ if TYPE_CHECKING:
     from sandloop.root import Sandloop
 
 MAX_TTL_SECONDS = 30 * 86400
+#: What ``language=`` of a cell or a context may say, and the interpreter it names.
+CONTEXT_LANGUAGES = {
+    "python": "python",
+    "python3": "python",
+    "py": "python",
+    "javascript": "javascript",
+    "js": "javascript",
+    "node": "javascript",
+    "typescript": "typescript",
+    "ts": "typescript",
+    "bash": "bash",
+    "sh": "bash",
+    "shell": "bash",
+}
 MIN_QUOTA_BYTES, MAX_QUOTA_BYTES = 8 * 1024**2, 64 * 1024**3
 MAX_READ_BYTES = 16 * 1024 * 1024
 MAX_WRITE_BYTES = 64 * 1024 * 1024
@@ -228,9 +244,16 @@ class Session:
         cancel: threading.Event | None = None,
         output_limit: int | None = None,
         detach: bool = False,
+        context: str | CodeContext | None = None,
+        language: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> CellResult:
-        """Run a cell in the session's Python interpreter: globals persist between cells.
-        ``secrets`` as for ``run_code``: their placeholders stay set in the interpreter.
+        """Run a cell in one of the session's interpreters, with IPython's semantics for Python
+        (``!cmd``, ``%magic``, ``display()``, rich outputs in ``result.outputs``): state persists
+        between cells of a context. ``context`` (an id or a ``CodeContext``) picks one made by
+        ``create_context``; else ``language`` (python, javascript, typescript, bash) picks that
+        language's default context. ``env`` is set for this cell only.
+        ``secrets`` as for ``run_code``: their placeholders are set for this cell only.
         ``on_output("stdout" | "stderr", data)`` sees output as it arrives; setting ``cancel``
         interrupts the cell (as its timeout would); ``output_limit`` replaces the session's
         (bytes of stdout and of stderr kept); ``detach`` lets go of the interpreter's stream after
@@ -238,7 +261,8 @@ class Session:
         also receive other processes' cells)."""
         self._live()
         if not isinstance(code, str):
-            raise InvalidArgument("a cell must be a string of Python")
+            raise InvalidArgument("a cell must be a string of code")
+        options = self._cell_options(context, language, env)
         checked = check_secrets(secrets or {}, self.limits)
         limits = self.limits
         if output_limit is not None:
@@ -246,7 +270,72 @@ class Session:
                 limits = SandboxLimits(**{**limits.model_dump(), "output_limit": output_limit})
             except SandboxError as exc:
                 raise InvalidArgument(str(exc)) from None
-        return self._kernel.run(code, check_timeout(timeout_seconds), limits, checked, on_output, cancel, detach)
+        result = self._kernel.run(
+            code, check_timeout(timeout_seconds), limits, checked, on_output, cancel, detach, options
+        )
+        if result.error is not None and result.reply.get("refused"):
+            self._op_reply(result, "a cell")
+        return result
+
+    @staticmethod
+    def _cell_options(
+        context: str | CodeContext | None, language: str | None, env: Mapping[str, str] | None
+    ) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if context is not None:
+            cid = context.id if isinstance(context, CodeContext) else context
+            if not isinstance(cid, str) or not cid or len(cid) > 64:
+                raise InvalidArgument(f"context must be a context id, got {context!r}")
+            options["context"] = cid
+        if language is not None:
+            if not isinstance(language, str) or language.strip().lower() not in CONTEXT_LANGUAGES:
+                known = ", ".join(sorted(set(CONTEXT_LANGUAGES.values())))
+                raise InvalidArgument(f"language {language!r} has no interpreter; use one of: {known}")
+            options["language"] = CONTEXT_LANGUAGES[language.strip().lower()]
+        if env:
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+                raise InvalidArgument("env must map names to strings")
+            options["env"] = dict(env)
+        return options
+
+    # -- contexts -------------------------------------------------------------------------------
+    def create_context(self, language: str = "python", cwd: str | None = None) -> CodeContext:
+        """A new independent interpreter in this session's sandbox (``cwd`` defaults to the
+        workspace). Its state is its own; files are shared."""
+        options = self._cell_options(None, language, None)
+        if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
+            raise InvalidArgument(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
+        result = self._kernel.run("", 30, self.limits, None, None, None, False, {"op": "create", "cwd": cwd, **options})
+        return CodeContext(**self._op_reply(result, "creating a context")["context"])
+
+    def list_contexts(self) -> builtins.list[CodeContext]:
+        """The session's contexts: the default Python and JavaScript ones, then those created."""
+        result = self._kernel.run("", 30, self.limits, None, None, None, False, {"op": "list"})
+        return [CodeContext(**c) for c in self._op_reply(result, "listing contexts")["contexts"]]
+
+    def restart_context(self, context: str | CodeContext) -> CodeContext:
+        """Replace a context's interpreter by a fresh one (its variables are gone)."""
+        options = self._cell_options(context, None, None)
+        result = self._kernel.run("", 30, self.limits, None, None, None, False, {"op": "restart", **options})
+        return CodeContext(**self._op_reply(result, "restarting a context")["context"])
+
+    def remove_context(self, context: str | CodeContext) -> None:
+        """End a context. A default one comes back, fresh, when next used."""
+        options = self._cell_options(context, None, None)
+        result = self._kernel.run("", 30, self.limits, None, None, None, False, {"op": "remove", **options})
+        self._op_reply(result, "removing a context")
+
+    def _op_reply(self, result: CellResult, op: str) -> dict[str, Any]:
+        self._store.touch(self._record)
+        if result.error is not None:
+            if result.error.name == "ContextNotFound":
+                raise ContextNotFound(f"{result.error.value}; list them with Session.list_contexts()")
+            if result.error.name in ("InvalidArgument", "UnknownLanguage", "TooManyContexts"):
+                raise InvalidArgument(result.error.value)
+            raise SandboxError(f"{op} failed: {result.error.value}")
+        if result.timed_out or result.sandbox_replaced:
+            raise SandboxError(f"{op} failed: the session's interpreter did not answer")
+        return result.reply
 
     # -- files ----------------------------------------------------------------------------------
     def _files(self, op: str, args: dict[str, Any], data: bytes = b"", output: int = 1024 * 1024) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, SandboxError, SandboxLimits
 from sandloop.contract.egress import Secret
@@ -229,6 +230,7 @@ class FakeBackend:
         secrets: Mapping[str, Secret] | None = None,
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> CellResult:
         if secrets:
             raise InvalidArgument("the test double (fake backend) has no egress proxy: secrets need docker or oci")
@@ -238,7 +240,7 @@ class FakeBackend:
         stdin = kernel.proc.stdin
         assert stdin is not None
         try:
-            stdin.write(protocol.encode_cell(code, nonce))
+            stdin.write(protocol.encode_cell(code, nonce, options=options))
             stdin.flush()
         except OSError:
             pass  # the interpreter is gone: collecting sees EOF and the result says so

@@ -1,157 +1,416 @@
-"""A stateful Python interpreter for sessions (``launcher.py --kernel``), like a notebook kernel.
+"""A session's interpreters (``launcher.py --kernel``): a supervisor and its contexts.
 
-Reads cells from stdin with the launcher's framing (preamble + JSON header ``{"code": N, "nonce":
-...}`` + N bytes), runs each in one persistent ``__main__`` namespace, and ends each cell with the
-launcher's end-of-run line on stdout and stderr. The stdout line carries a base64 JSON payload:
-``{"value": repr of a last expression or null, "value_omitted": characters cut from that repr,
-"artifacts": [{"name", "mime", "data"}]}``; open
-matplotlib figures become PNG artifacts and are closed. SIGINT (the host's timeout) interrupts the
-cell with KeyboardInterrupt and keeps the state. The cell cannot read stdin (it carries cells).
+The host sends frames on stdin with the launcher's framing (preamble + JSON header + N bytes of
+code). Each frame is an operation; ``op`` is ``cell`` unless it says otherwise:
+
+- ``cell``: run code in a context (``context`` by id, else the default context of ``language``,
+  python unless said), with ``env`` set for that cell only (restored after it) and ``ca`` trusted.
+- ``create`` (``language``, ``cwd``), ``restart`` / ``remove`` (``context``), ``list``.
+
+Every frame ends with the launcher's end line on stdout and stderr; the stdout line carries a
+base64 JSON payload: for a cell ``{"outputs": [MIME bundles], "execution_count", "error",
+"value", "value_omitted", "restarted", "context"}``, for the others ``{"contexts": [...]}`` or
+an ``error``.
+
+This process runs no user code. It imports IPython (and ``SANDLOOP_PRELOAD``'s modules) once,
+before any cell, and every Python context is a ``fork`` of it: the pages are shared and a new
+context starts in milliseconds. A JavaScript or TypeScript context is a node process
+(``kernel.js``), a bash context a persistent ``bash`` (``kernel_bash.py``). A context writes its
+output straight to this process's stdout and stderr and reports the end of each cell on a pipe;
+SIGINT from the host (a timeout) goes on to the running context. One that does not come back
+within ``INTERRUPT_GRACE`` seconds, or dies (the memory limit's OOM kill takes the biggest
+process, the context), is replaced and the cell says so (``restarted``); its siblings live on.
 """
 
-import ast
 import base64
-import io
+import itertools
 import json
-import linecache
 import os
+import select
 import signal
+import subprocess
 import sys
+import time
 import traceback
-import types
 
 import launcher
 
-MAX_VALUE_CHARS = 20000
+HERE = os.path.dirname(os.path.abspath(__file__))
+#: Seconds a context has to answer an interrupt before it is killed and replaced (the host
+#: waits 3 s more before it gives up on the whole sandbox).
+INTERRUPT_GRACE = 2.0
+LANGUAGES = {
+    "python": "python",
+    "python3": "python",
+    "py": "python",
+    "javascript": "javascript",
+    "js": "javascript",
+    "node": "javascript",
+    "nodejs": "javascript",
+    "typescript": "typescript",
+    "ts": "typescript",
+    "bash": "bash",
+    "sh": "bash",
+    "shell": "bash",
+}
+#: Default contexts, one per language, listed from the start and started on first use.
+DEFAULTS = {"python": "default", "javascript": "default-javascript"}
+MAX_CONTEXTS = 16
 
 
-def _figures():
-    plt = sys.modules.get("matplotlib.pyplot")
-    if plt is None:
-        return []
-    out = []
-    for num in plt.get_fignums():
-        buf = io.BytesIO()
+class Refused(Exception):
+    def __init__(self, name, message):
+        super().__init__(message)
+        self.name = name
+
+
+def language_of(name):
+    key = str(name or "python").strip().lower()
+    if key not in LANGUAGES:
+        raise Refused(
+            "UnknownLanguage",
+            "unknown language %r: the code interpreter runs python, javascript, typescript and bash" % (name,),
+        )
+    return LANGUAGES[key]
+
+
+class Context:
+    def __init__(self, cid, language, cwd):
+        self.id, self.language, self.cwd = cid, language, cwd
+        self.pid = None
+        self.cmd = self.reply = None
+        self.buffer = b""
+
+    def describe(self):
+        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+
+    @property
+    def alive(self):
+        return self.pid is not None
+
+    def start(self, preloaded, others=()):
+        """``others``: the pipes to the other contexts, which a forked context must not hold."""
+        cmd_r, cmd_w = os.pipe()
+        reply_r, reply_w = os.pipe()
+        if self.language in ("javascript", "typescript"):
+            env = dict(
+                os.environ, SANDLOOP_CELL_FD=str(cmd_r), SANDLOOP_REPLY_FD=str(reply_w), SANDLOOP_LANGUAGE=self.language
+            )
+            proc = subprocess.Popen(
+                ["node", os.path.join(HERE, "kernel.js")],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(cmd_r, reply_w),
+                cwd=self.cwd,
+                env=env,
+                start_new_session=True,  # its own group: the host's SIGINT reaches it only through us
+            )
+            self.pid = proc.pid
+            proc.returncode = 0  # we reap it ourselves (waitpid); keep Popen from doing so later
+        else:
+            pid = os.fork()
+            if pid == 0:  # the context: never returns
+                code = 1
+                try:
+                    os.setsid()
+                    signal.set_wakeup_fd(-1)  # the supervisor's, inherited: not ours
+                    for fd in (cmd_w, reply_r, *others):
+                        os.close(fd)
+                    devnull = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(devnull, 0)  # fd 0 carries the host's frames: never the context's
+                    os.close(devnull)
+                    os.chdir(self.cwd)
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+                    if self.language == "python":
+                        import kernel_python
+
+                        kernel_python.serve(cmd_r, reply_w, preloaded)
+                    else:
+                        import kernel_bash
+
+                        kernel_bash.serve(cmd_r, reply_w)
+                    code = 0
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            self.pid = pid
+        os.close(cmd_r)
+        os.close(reply_w)
+        self.cmd, self.reply, self.buffer = cmd_w, reply_r, b""
+
+    def stop(self):
+        if self.pid is not None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            status = _reap(self.pid)
+            self._forget()
+            return status
+        return None
+
+    def _forget(self):
+        for fd in (self.cmd, self.reply):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.pid = self.cmd = self.reply = None
+        self.buffer = b""
+
+
+def _reap(pid):
+    """The exit status of a context that has ended (or is ending): 128+N for signal N."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return None
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+class Supervisor:
+    def __init__(self, preloaded):
+        self.preloaded = preloaded
+        self.cwd = os.getcwd()
+        self.contexts = {}
+        self.running = None  # the context running a cell: SIGINT goes to it
+        self.interrupted_at = None
+        self.ids = itertools.count(1)
+        for language, cid in DEFAULTS.items():
+            self.contexts[cid] = Context(cid, language, self.cwd)
+
+    # -- signals -------------------------------------------------------------------------------
+    def on_sigint(self, signum, frame):
+        ctx = self.running
+        if ctx is not None and ctx.pid is not None:
+            self.interrupted_at = self.interrupted_at or time.monotonic()
+            try:
+                os.kill(ctx.pid, signal.SIGINT)
+            except OSError:
+                pass
+
+    def pipes(self, ctx):
+        """What a forked context must not hold: the other contexts' pipes, the signal pipe."""
+        fds = [fd for c in self.contexts.values() if c is not ctx for fd in (c.cmd, c.reply) if fd is not None]
+        return fds + [fd for fd in getattr(self, "wakeup_fds", ()) if fd is not None]
+
+    # -- operations ----------------------------------------------------------------------------
+    def context_for(self, header):
+        cid = header.get("context")
+        if cid:
+            ctx = self.contexts.get(str(cid))
+            if ctx is None:
+                raise Refused("ContextNotFound", "no context %r in this sandbox" % (cid,))
+            if header.get("language") and language_of(header["language"]) != ctx.language:
+                raise Refused(
+                    "InvalidArgument",
+                    "context %s runs %s, not %s: pass the context or the language, not both"
+                    % (ctx.id, ctx.language, header["language"]),
+                )
+            return ctx
+        language = language_of(header.get("language"))
+        cid = DEFAULTS.get(language, "default-" + language)
+        if cid not in self.contexts:
+            self.contexts[cid] = Context(cid, language, self.cwd)
+        return self.contexts[cid]
+
+    def create(self, header):
+        language = language_of(header.get("language"))
+        cwd = header.get("cwd") or self.cwd
+        if not isinstance(cwd, str) or not os.path.isabs(cwd):
+            raise Refused("InvalidArgument", "cwd must be an absolute path, got %r" % (cwd,))
+        if not os.path.isdir(cwd):
+            try:
+                os.makedirs(cwd, exist_ok=True)
+            except OSError as exc:
+                raise Refused("InvalidArgument", "cwd %s cannot be made: %s" % (cwd, exc.strerror)) from None
+        if not os.access(cwd, os.X_OK):
+            raise Refused("InvalidArgument", "cwd %s is not accessible to the sandbox's user" % cwd)
+        if len(self.contexts) >= MAX_CONTEXTS:
+            raise Refused("TooManyContexts", "a sandbox holds at most %d contexts: remove one first" % MAX_CONTEXTS)
+        ctx = Context("ctx-%d" % next(self.ids), language, cwd)
+        self.contexts[ctx.id] = ctx
+        ctx.start(self.preloaded, self.pipes(ctx))
+        return {"context": ctx.describe()}
+
+    def restart(self, header):
+        ctx = self.contexts.get(str(header.get("context")))
+        if ctx is None:
+            raise Refused("ContextNotFound", "no context %r in this sandbox" % (header.get("context"),))
+        ctx.stop()
+        ctx.start(self.preloaded, self.pipes(ctx))
+        return {"context": ctx.describe()}
+
+    def remove(self, header):
+        ctx = self.contexts.pop(str(header.get("context")), None)
+        if ctx is None:
+            raise Refused("ContextNotFound", "no context %r in this sandbox" % (header.get("context"),))
+        ctx.stop()
+        if ctx.id in DEFAULTS.values():  # a default context comes back, fresh, when next used
+            self.contexts[ctx.id] = Context(ctx.id, ctx.language, ctx.cwd)
+        return {"removed": ctx.id}
+
+    def list(self, header):
+        return {"contexts": [c.describe() for c in self.contexts.values()]}
+
+    def cell(self, header, code):
+        ctx = self.context_for(header)
+        if not ctx.alive:
+            ctx.start(self.preloaded, self.pipes(ctx))
+        message = {"code": len(code)}
+        for key in ("env", "ca"):
+            if header.get(key):
+                message[key] = header[key]
         try:
-            plt.figure(num).savefig(buf, format="png", dpi=100)
-        except Exception as exc:  # a broken figure must not take the kernel down
-            sys.stderr.write("sandloop: could not render figure %s: %s\n" % (num, exc))
-            continue
-        data = base64.b64encode(buf.getvalue()).decode()
-        out.append({"name": "figure-%d.png" % num, "mime": "image/png", "data": data})
-    plt.close("all")
-    return out
+            _write_all(ctx.cmd, json.dumps(message).encode() + b"\n" + code)
+        except OSError:
+            pass  # it died: the wait below sees the end of its reply pipe
+        self.running, self.interrupted_at = ctx, None
+        try:
+            reply = self.wait(ctx)
+        finally:
+            self.running, self.interrupted_at = None, None
+        reply["context"], reply["language"] = ctx.id, ctx.language
+        return reply
+
+    def wait(self, ctx):
+        """The context's reply to its cell; if it dies, or ignores an interrupt, it is replaced."""
+        while True:
+            line, _, rest = ctx.buffer.partition(b"\n")
+            if _:
+                ctx.buffer = rest
+                return json.loads(line)
+            timeout = None
+            if self.interrupted_at is not None:
+                timeout = max(0.0, self.interrupted_at + INTERRUPT_GRACE - time.monotonic())
+            ready, _w, _x = select.select([ctx.reply, self.wakeup], [], [], timeout)
+            if self.wakeup in ready:  # a signal arrived (its handler has run): new deadline
+                _drain(self.wakeup)
+                continue
+            if not ready:  # it ignored the interrupt
+                status = ctx.stop()
+                return _restarted(ctx, status, "did not stop within %g s of its interrupt" % INTERRUPT_GRACE)
+            chunk = os.read(ctx.reply, 1 << 20)
+            if not chunk:
+                status = _reap(ctx.pid)
+                ctx._forget()
+                return _restarted(ctx, status, "ended")
+            ctx.buffer += chunk
+
+    # -- the loop -------------------------------------------------------------------------------
+    def serve(self):
+        self.wakeup, wakeup_w = os.pipe()
+        os.set_blocking(self.wakeup, False)
+        os.set_blocking(wakeup_w, False)
+        self.wakeup_fds = (self.wakeup, wakeup_w)
+        signal.set_wakeup_fd(wakeup_w)  # a select() in wait() returns when a signal comes
+        signal.signal(signal.SIGINT, self.on_sigint)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        while True:
+            frame = _read_frame()
+            if frame is None:
+                break  # the host closed stdin: the session's interpreters end
+            header, code = frame
+            nonce = str(header.get("nonce") or "")
+            op = header.get("op") or "cell"
+            status, reply = 0, {}
+            try:
+                if op == "cell":
+                    reply = self.cell(header, code)
+                    status = int(reply.pop("status", 0))
+                elif op in ("create", "restart", "remove", "list"):
+                    reply = getattr(self, op)(header)
+                else:
+                    raise Refused("InvalidArgument", "unknown operation %r" % (op,))
+            except Refused as exc:
+                status, reply = 2, {"error": {"name": exc.name, "value": str(exc), "traceback": ""}, "refused": True}
+            except Exception as exc:  # never take the sandbox's contexts down with us
+                status = 1
+                reply = {"error": {"name": type(exc).__name__, "value": str(exc), "traceback": traceback.format_exc()}}
+            _end(nonce, status, reply)
+        for ctx in self.contexts.values():
+            ctx.stop()
 
 
-def _error(exc, tb):
-    """The exception as a notebook reports it: name, message, formatted traceback."""
+def _restarted(ctx, status, how):
+    if how != "ended":
+        why = how
+    elif status == 128 + signal.SIGKILL:
+        why = "was killed (SIGKILL: most likely the sandbox's memory limit)"
+    elif status is not None and status > 128:
+        why = "was killed by signal %d" % (status - 128)
+    else:
+        why = "exited (status %s)" % status
+    value = "the %s context %s %s; it was restarted and its state is gone" % (ctx.language, ctx.id, why)
+    return {
+        "status": status if status is not None and status > 128 else 1,
+        "restarted": True,
+        "killed_by_signal": (status - 128) if status is not None and status > 128 else None,
+        "error": {"name": "ContextRestarted", "value": value, "traceback": ""},
+    }
+
+
+def _drain(fd):
     try:
-        text = "".join(traceback.format_exception(type(exc), exc, tb))
-    except Exception:
-        text = "%s: %s\n" % (type(exc).__name__, exc)
-    return {"name": type(exc).__name__, "value": str(exc), "traceback": text[-MAX_VALUE_CHARS:]}
+        while os.read(fd, 512):
+            pass
+    except OSError:
+        pass
 
 
-def _report(exc, tb):
-    """Print the traceback to stderr with its source lines. The default excepthook (C) reads them
-    from files, so a cell's lines (only in linecache) were left out; traceback's reads linecache."""
-    if sys.excepthook is not sys.__excepthook__:  # the cell installed its own: respect it
-        sys.excepthook(type(exc), exc, tb)
-        return
-    try:
-        traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
-    except Exception:
-        sys.__excepthook__(type(exc), exc, tb)
-
-
-def run_cell(code, namespace):
-    """Returns (status, value repr or None, characters of the repr omitted, error or None)."""
-    filename = "<cell>"
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)  # tracebacks show source
-    try:
-        tree = ast.parse(code, filename)
-    except SyntaxError as exc:
-        _report(exc.with_traceback(None), None)
-        return 1, None, 0, _error(exc, None)
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-    try:
-        exec(compile(tree, filename, "exec"), namespace)
-        value = eval(compile(last, filename, "eval"), namespace) if last is not None else None
-    except SystemExit as exc:
-        return launcher.exit_status(exc.code), None, 0, None
-    except BaseException as exc:
-        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
-        _report(exc.with_traceback(tb), tb)
-        return (130 if isinstance(exc, KeyboardInterrupt) else 1), None, 0, _error(exc, tb)
-    if value is None:
-        return 0, None, 0, None
-    namespace["_"] = value
-    text = repr(value)
-    omitted = max(0, len(text) - MAX_VALUE_CHARS)
-    if omitted:
-        text = text[:MAX_VALUE_CHARS] + "... [%d characters omitted]" % omitted
-    return 0, text, omitted, None
-
-
-def serve():
-    # The host interrupts a cell with SIGINT. A process started with SIGINT ignored (a background
-    # job's child, as the test double's interpreters can be) would never see it: take it back.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = __builtins__
-    sys.modules["__main__"] = main
-    sys.argv = [""]
-    sys.path[0] = os.getcwd()
-    sys.stdin = io.StringIO("")  # fd 0 carries the cells
+def _read_frame():
     while True:
         try:
             pre = os.read(0, launcher.PREAMBLE_LEN)
+            break
         except KeyboardInterrupt:
             continue  # an interrupt that arrived between cells
-        if not pre:
-            return  # the host closed stdin: the session's interpreter ends
-        while len(pre) < launcher.PREAMBLE_LEN:
-            more = os.read(0, launcher.PREAMBLE_LEN - len(pre))
-            if not more:
-                return
-            pre += more
-        header = json.loads(launcher.read_exact(int(pre[len(launcher.PREAMBLE) : -1]), "cell header").decode())
-        code = launcher.read_exact(int(header["code"]), "cell").decode("utf-8", "replace")
-        nonce = str(header.get("nonce") or "")
-        armed = header.get("env") or {}
-        os.environ.update(armed)  # secrets' placeholders (never their values), for this cell only
-        if header.get("ca"):
-            launcher.trust(header["ca"])
+    if not pre:
+        return None
+    while len(pre) < launcher.PREAMBLE_LEN:
+        more = os.read(0, launcher.PREAMBLE_LEN - len(pre))
+        if not more:
+            return None
+        pre += more
+    if not pre.startswith(launcher.PREAMBLE):
+        launcher.fail("bad cell header")
+    header = json.loads(launcher.read_exact(int(pre[len(launcher.PREAMBLE) : -1]), "cell header").decode())
+    code = launcher.read_exact(int(header.get("code") or 0), "cell")
+    return header, code
+
+
+def _end(nonce, status, reply):
+    payload = base64.b64encode(json.dumps(reply).encode())
+    line = b"\0\x1esandloop-exit:%s:%d" % (nonce.encode(), status)
+    for fd, data in ((1, line + b":" + payload + b"\n"), (2, line + b"\n")):
         try:
-            status, value, omitted, error = run_cell(code, main.__dict__)
-            artifacts = _figures()
-        except KeyboardInterrupt:
-            status, value, omitted, artifacts = 130, None, 0, []
-            error = {"name": "KeyboardInterrupt", "value": "", "traceback": "KeyboardInterrupt\n"}
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        for name, placeholder in armed.items():  # the proxy forgets them too: a later cell gets none
-            if os.environ.get(name) == placeholder:
-                del os.environ[name]
-        reply = {"value": value, "value_omitted": omitted, "artifacts": artifacts, "error": error}
-        payload = base64.b64encode(json.dumps(reply).encode())
-        line = b"\0\x1esandloop-exit:%s:%d" % (nonce.encode(), status)
-        for fd, data in ((1, line + b":" + payload + b"\n"), (2, line + b"\n")):
-            try:
-                os.write(fd, data) if len(data) < 65536 else _write_all(fd, data)
-            except OSError:
-                pass
+            _write_all(fd, data)
+        except OSError:
+            pass
 
 
 def _write_all(fd, data):
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def serve():
+    # A process started with SIGINT ignored (a background job's child, as the test double's
+    # interpreters can be) would never see the host's interrupt: take it back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.argv = [""]
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - fd 0 carries the cells
+    import kernel_python
+
+    preloaded = kernel_python.preload()
+    Supervisor(preloaded).serve()
 
 
 if __name__ == "__main__":

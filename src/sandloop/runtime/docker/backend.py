@@ -322,12 +322,15 @@ class DockerBackend:
         secrets: Mapping[str, Secret] | None = None,
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> CellResult:
         nonce = protocol.new_nonce()
         env, ca_pem = self._arm(kernel, secrets)
         collector = kernel.collector = protocol.cell_collector(kernel.collector, limits.output_limit, nonce, on_output)
         try:
-            return self._cell(kernel, code, nonce, env, ca_pem, collector, limits, interrupt_after, grace, cancel)
+            return self._cell(
+                kernel, code, nonce, env, ca_pem, collector, limits, interrupt_after, grace, cancel, options
+            )
         finally:
             if env and kernel.egress is not None:  # a secret lives for its cell (issue 27 #6)
                 self.egress.disarm(kernel.egress, env)
@@ -344,11 +347,13 @@ class DockerBackend:
         interrupt_after: float,
         grace: float,
         cancel: threading.Event | None,
+        options: Mapping[str, Any] | None = None,
     ) -> CellResult:
         started = time.monotonic()
         seen_before = self.egress.attempt_count(kernel.egress) if kernel.egress else 0
+        oom_before = memory_oom_kills(f"docker/{kernel.id}")
         try:
-            kernel.sock.sendall(protocol.encode_cell(code, nonce, env=env, ca_pem=ca_pem))
+            kernel.sock.sendall(protocol.encode_cell(code, nonce, env=env, ca_pem=ca_pem, options=options))
         except OSError as exc:
             # The stream broke under us (the engine died or restarted). Part of the cell may have
             # reached the interpreter, which would then read the next cell as the rest of this
@@ -378,6 +383,11 @@ class DockerBackend:
             interpreter_restarted=gone,
             started=started,
         )
+        # one context was killed and replaced (kernel.py): by the memory limit if the container's
+        # memory cgroup counted an OOM kill during the cell
+        context_killed = result.interpreter_restarted and not result.sandbox_replaced and result.exit_code == 137
+        if context_killed and memory_oom_kills(f"docker/{kernel.id}") > oom_before:
+            result = result.model_copy(update={"oom_killed": True})
         if kernel.egress is not None:  # what this cell tried (as seen by this process)
             cell_attempts = self.egress.attempts(kernel.egress, settle=0.1)[seen_before:]
             result = result.model_copy(update={"egress": cell_attempts})

@@ -532,6 +532,7 @@ class OCIBackend:
         secrets: Mapping[str, Secret] | None = None,
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> CellResult:
         return self.docker.run_cell(
             kernel,
@@ -542,6 +543,7 @@ class OCIBackend:
             secrets=secrets,
             on_output=on_output,
             cancel=cancel,
+            options=options,
         )
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> LiveSandbox | None:

@@ -356,8 +356,17 @@ class RayBackend:
         secrets: Mapping[str, Secret] | None = None,
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> CellResult:
-        args = (kernel.sandbox_id, code, limits, interrupt_after, grace, dict(secrets) if secrets else None)
+        args = (
+            kernel.sandbox_id,
+            code,
+            limits,
+            interrupt_after,
+            grace,
+            dict(secrets) if secrets else None,
+            dict(options) if options else None,
+        )
         timeout = interrupt_after + grace + MARGIN
         if on_output is None and cancel is None:  # one plain call: the quickest way across
             result: CellResult = self._call(kernel.node_id, "run_cell", *args, timeout=timeout)

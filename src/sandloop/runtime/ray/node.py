@@ -197,6 +197,7 @@ class NodeService:
         interrupt_after: float,
         grace: float,
         secrets_: dict[str, Secret] | None,
+        options: dict[str, Any] | None = None,
         *,
         on_output: Callable[[str, bytes], None] | None = None,
         cancel: threading.Event | None = None,
@@ -213,6 +214,7 @@ class NodeService:
                 secrets=secrets_,
                 on_output=on_output,
                 cancel=cancel,
+                options=options,
             )
         return result.model_copy(update={"host": self.node_id})
 

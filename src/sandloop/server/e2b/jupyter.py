@@ -1,14 +1,14 @@
-"""The code interpreter's endpoint (E2B's port 49999): ``POST /execute`` runs a cell in the
-session's interpreter and streams newline-delimited JSON as it runs: ``stdout``/``stderr`` (each
-with a timestamp), ``result`` (charts as PNG, then the last expression as text), ``error`` (name,
-value, traceback), ``end_of_execution``. One Python context per sandbox (the session's
-interpreter): ``/contexts`` answers with it; other languages are refused.
+"""The code interpreter's endpoint (E2B's port 49999): ``POST /execute`` runs a cell in one of
+the session's contexts and streams newline-delimited JSON as it runs: ``stdout``/``stderr``
+(each with a timestamp), ``result`` (each output the cell displayed, as E2B's ``Result``: text,
+html, png, ..., a DataFrame's ``data``, a figure's ``chart``), ``number_of_executions``,
+``error`` (name, value, traceback), ``end_of_execution``. ``/contexts`` creates, lists,
+restarts and removes the session's contexts (python, javascript, typescript, bash).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime
 import json
 import threading
@@ -19,10 +19,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from sandloop.contract import CodeContext, ContextNotFound
 from sandloop.server.e2b.control import e2b_error_response
 from sandloop.server.e2b.service import CODE_OUTPUT, E2B, HOME, E2BError
-
-CONTEXT_ID = "default"
+from sandloop.sessions import Session
+from sandloop.sessions.store import WORKSPACE
 
 
 def _now() -> str:
@@ -31,9 +32,6 @@ def _now() -> str:
 
 def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> APIRouter:
     router = APIRouter(include_in_schema=False)
-
-    def context_json() -> dict[str, Any]:
-        return {"id": CONTEXT_ID, "language": "python", "cwd": HOME}
 
     @router.post("/execute")
     async def execute(request: Request) -> Response:
@@ -46,11 +44,13 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
             code = body.get("code") if isinstance(body, dict) else None
             if not isinstance(code, str):
                 raise E2BError(400, "code (a string) is required")
-            language = body.get("language")
-            if language not in (None, "python", "python3"):
-                raise E2BError(400, f"language {language!r} is not supported: the code interpreter runs Python")
-            if body.get("context_id") not in (None, CONTEXT_ID):
-                raise E2BError(404, f"no context {body.get('context_id')!r}; the sandbox has one, {CONTEXT_ID!r}")
+            language, context_id = body.get("language"), body.get("context_id")
+            if language and context_id:
+                raise E2BError(400, "Only one of context_id or language can be provided")
+            if language is not None and (not isinstance(language, str) or _language(language) is None):
+                raise E2BError(400, f"language {language!r} is not supported: {LANGUAGES_SAID}")
+            if context_id is not None and not isinstance(context_id, str):
+                raise E2BError(400, "context_id must be a string")
             envs = body.get("env_vars") or {}
             if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()):
                 raise E2BError(400, "env_vars must be an object of strings")
@@ -73,6 +73,9 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
                 text = data[:cut].decode("utf-8", "replace")
                 loop.call_soon_threadsafe(queue.put_nowait, {"type": kind, "text": text, "timestamp": _now()})
 
+        def put(item: dict[str, Any]) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
         def flush() -> None:
             for kind, rest in partial.items():
                 if rest:
@@ -84,23 +87,26 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
             try:
                 with e2b.api.rates.use(token):
                     session = e2b.session(box.sandbox_id)
-                    if envs:  # set for this execution and restored after it, as E2B's envs are
-                        session.run_cell(_SET_ENVS % json.dumps(json.dumps(envs)), 10, detach=True)
                     try:
                         result = session.run_cell(
-                            code, timeout, on_output=emit, cancel=cancel, output_limit=CODE_OUTPUT, detach=True
+                            code,
+                            timeout,
+                            on_output=emit,
+                            cancel=cancel,
+                            output_limit=CODE_OUTPUT,
+                            detach=True,
+                            context=context_id or None,
+                            language=_language(language) if language else None,
+                            env=envs or None,
                         )
                     finally:
                         flush()
-                        if envs:
-                            session.run_cell(_RESTORE_ENVS, 10, detach=True)
                 outcome = "timeout" if result.timed_out else "ok" if result.ok else "error"
                 e2b.api.metrics.run(outcome, result.duration_seconds)
-                for a in result.artifacts:
-                    if a.mime_type == "image/png":
-                        png = base64.b64encode(a.data).decode()
-                        chart = {"type": "result", "png": png, "text": "<Figure>", "is_main_result": False}
-                        loop.call_soon_threadsafe(queue.put_nowait, chart)
+                if result.execution_count is not None:
+                    put({"type": "number_of_executions", "execution_count": result.execution_count})
+                for output in result.outputs:
+                    put(e2b_result(output.data, output.is_main_result))
                 if result.error is not None:
                     err = result.error
                     loop.call_soon_threadsafe(
@@ -122,11 +128,9 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
                             "traceback": "",
                         },
                     )
-                elif result.value is not None:
-                    loop.call_soon_threadsafe(
-                        queue.put_nowait, {"type": "result", "text": _plain(result.value), "is_main_result": True}
-                    )
                 loop.call_soon_threadsafe(queue.put_nowait, {"type": "end_of_execution"})
+            except ContextNotFound as exc:
+                put({"type": "error", "name": "ContextNotFound", "value": str(exc), "traceback": ""})
             except Exception as exc:  # noqa: BLE001 - reported in the stream
                 loop.call_soon_threadsafe(
                     queue.put_nowait, {"type": "error", "name": type(exc).__name__, "value": str(exc), "traceback": ""}
@@ -145,39 +149,112 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
+    def context_json(context: CodeContext) -> dict[str, Any]:
+        cwd = HOME + context.cwd[len(WORKSPACE) :] if context.cwd.startswith(WORKSPACE) else context.cwd
+        return {"id": context.id, "language": context.language, "cwd": cwd}
+
+    async def in_session(request: Request, call: Callable[[Session], Any]) -> Any:
+        box, token = await sandbox_of(request)
+
+        def work() -> Any:
+            with e2b.api.rates.use(token):
+                return call(e2b.session(box.sandbox_id))
+
+        return await run_in_threadpool(work)
+
     @router.post("/contexts")
     async def create_context(request: Request) -> Response:
         try:
-            await sandbox_of(request)
-            body = await request.json() if await request.body() else {}
-            language = body.get("language") if isinstance(body, dict) else None
-            if language not in (None, "python", "python3"):
-                raise E2BError(400, f"language {language!r} is not supported: the code interpreter runs Python")
+            try:
+                body = await request.json() if await request.body() else {}
+            except (ValueError, RecursionError):
+                raise E2BError(400, 'the body must be JSON: {"language": ..., "cwd": ...}') from None
+            body = body if isinstance(body, dict) else {}
+            language, cwd = body.get("language") or "python", body.get("cwd") or HOME
+            if not isinstance(language, str) or _language(language) is None:
+                raise E2BError(400, f"language {language!r} is not supported: {LANGUAGES_SAID}")
+            if not isinstance(cwd, str) or not cwd.startswith("/"):
+                raise E2BError(400, f"cwd must be an absolute path, got {cwd!r}")
+            context = await in_session(request, lambda s: s.create_context(_language(language) or "python", cwd))
         except Exception as exc:  # noqa: BLE001 - E2B's error shape
             return e2b_error_response(exc)
-        return JSONResponse(context_json())
+        return JSONResponse(context_json(context))
 
     @router.get("/contexts")
     async def list_contexts(request: Request) -> Response:
         try:
-            await sandbox_of(request)
+            contexts = await in_session(request, lambda s: s.list_contexts())
         except Exception as exc:  # noqa: BLE001 - E2B's error shape
             return e2b_error_response(exc)
-        return JSONResponse([context_json()])
+        return JSONResponse([context_json(c) for c in contexts])
+
+    @router.post("/contexts/{context_id}/restart")
+    async def restart_context(context_id: str, request: Request) -> Response:
+        try:
+            await in_session(request, lambda s: s.restart_context(context_id))
+        except Exception as exc:  # noqa: BLE001 - E2B's error shape
+            return e2b_error_response(exc)
+        return Response(status_code=204)
+
+    @router.delete("/contexts/{context_id}")
+    async def remove_context(context_id: str, request: Request) -> Response:
+        try:
+            await in_session(request, lambda s: s.remove_context(context_id))
+        except Exception as exc:  # noqa: BLE001 - E2B's error shape
+            return e2b_error_response(exc)
+        return Response(status_code=204)
 
     return router
 
 
-#: Cells that set and restore the environment around an execution (they leave no globals).
-_SET_ENVS = (
-    "(lambda os, sys, types, json: (setattr(sys.modules.setdefault('_sandloop_envs', types.ModuleType('e')), "
-    "'saved', dict(os.environ)), os.environ.update(json.loads(%s))) and None)"
-    "(__import__('os'), __import__('sys'), __import__('types'), __import__('json'))"
-)
-_RESTORE_ENVS = (
-    "(lambda os, sys: (os.environ.clear(), os.environ.update(sys.modules['_sandloop_envs'].saved)) and None)"
-    "(__import__('os'), __import__('sys'))"
-)
+#: The names E2B's SDKs send for each language, and the interpreter that runs it.
+_LANGUAGES = {
+    "python": "python",
+    "python3": "python",
+    "javascript": "javascript",
+    "js": "javascript",
+    "typescript": "typescript",
+    "ts": "typescript",
+    "bash": "bash",
+    "sh": "bash",
+}
+LANGUAGES_SAID = "the code interpreter runs python, javascript, typescript and bash (not r or java)"
+
+#: E2B's ``Result`` fields for each MIME type (template/server/api/models/result.py).
+_FIELDS = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+    "e2b/data": "data",
+    "e2b/chart": "chart",
+}
+
+
+def _language(name: str) -> str | None:
+    return _LANGUAGES.get(name.strip().lower())
+
+
+def e2b_result(data: dict[str, Any], is_main_result: bool) -> dict[str, Any]:
+    """One output as E2B's ``result`` message: each known format under its field (text/plain
+    without a string's quotes, as E2B's server sends it), the others under ``extra``."""
+    result: dict[str, Any] = {"type": "result", "is_main_result": is_main_result}
+    extra = {}
+    for mime, value in data.items():
+        field = _FIELDS.get(mime)
+        if field is None:
+            extra[mime] = value
+        else:
+            result[field] = _plain(value) if field == "text" and isinstance(value, str) else value
+    if extra:
+        result["extra"] = extra
+    return result
 
 
 def _plain(text: str) -> str:
