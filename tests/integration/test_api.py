@@ -384,6 +384,53 @@ def test_session_cells_and_runs_stream_as_they_print(alice, bob):
         alice.delete(f"/v1/sessions/{sid}")
 
 
+def test_session_contexts_languages_and_displayed_outputs_over_http(alice, bob):
+    """Issue 22: contexts and languages of a session's cells, and each displayed output as a
+    ``display`` event as it comes (a cell that waits for a file the test writes only once it has
+    seen the first display)."""
+    sid = alice.post("/v1/sessions", json={"quota": "16m"}).json()["id"]
+    try:
+        made = alice.post(f"/v1/sessions/{sid}/contexts", json={"language": "bash"})
+        assert made.status_code == 201 and made.json()["language"] == "bash"
+        cid = made.json()["id"]
+        r = alice.post(f"/v1/sessions/{sid}/cells", json={"code": "X=5; echo $X", "context": cid})
+        assert r.json()["stdout"] == "5\n" and r.json()["context"] == cid
+        again = alice.post(f"/v1/sessions/{sid}/cells", json={"code": "echo $X", "context": cid})
+        assert again.json()["stdout"] == "5\n"
+        js = alice.post(f"/v1/sessions/{sid}/cells", json={"code": "[1, 2].map(x => x * 2)", "language": "js"})
+        assert js.json()["value"] == "[ 2, 4 ]" and js.json()["outputs"][0]["data"]["application/json"] == [2, 4]
+        ids = [c["id"] for c in alice.get(f"/v1/sessions/{sid}/contexts").json()]
+        assert ids[:2] == ["default", "default-javascript"] and cid in ids
+        assert alice.post(f"/v1/sessions/{sid}/contexts/{cid}/restart").status_code == 200
+        assert (
+            alice.post(f"/v1/sessions/{sid}/cells", json={"code": "echo ${X:-gone}", "context": cid}).json()["stdout"]
+            == "gone\n"
+        )
+        assert alice.delete(f"/v1/sessions/{sid}/contexts/{cid}").status_code == 204
+        missing = alice.post(f"/v1/sessions/{sid}/cells", json={"code": "1", "context": cid})
+        assert missing.status_code == 404 and missing.json()["code"] == "not_found", missing.text
+        bad = alice.post(f"/v1/sessions/{sid}/cells", json={"code": "1", "language": "cobol"})
+        assert bad.status_code == 400 and "no interpreter" in bad.json()["message"]
+        assert bob.get(f"/v1/sessions/{sid}/contexts").status_code == 404
+        code = (
+            "import os, time\nfrom IPython.display import display, HTML\ndisplay(HTML('<i>one</i>'))\n"
+            "for _ in range(600):\n    if os.path.exists('go'): break\n    time.sleep(0.1)\n"
+            "os.remove('go')\ndisplay(HTML('<i>two</i>'))\n3"
+        )
+        events = []
+        with alice.stream("POST", f"/v1/sessions/{sid}/cells", json={"code": code, "stream": True}) as r:
+            for kind, data in sse_events(r):
+                events.append((kind, data))
+                if kind == "display" and data["data"].get("text/html") == "<i>one</i>":
+                    assert alice.put(f"/v1/sessions/{sid}/files/go", content=b"1").status_code in (200, 201)
+        displays = [d for k, d in events if k == "display"]
+        assert [d["data"].get("text/html") for d in displays] == ["<i>one</i>", "<i>two</i>", None]
+        assert displays[-1]["type"] == "execute_result" and events[-1][0] == "result"
+        assert [o["type"] for o in events[-1][1]["outputs"]] == ["display_data", "display_data", "execute_result"]
+    finally:
+        alice.delete(f"/v1/sessions/{sid}")
+
+
 def test_a_streamed_run_whose_client_leaves_at_once_gives_its_slot_back(server):
     """Before: the token's concurrency slot was taken before the stream's generator first ran and
     given back only inside it, so a client that left before the body started kept it for good."""

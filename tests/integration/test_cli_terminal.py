@@ -203,7 +203,8 @@ def test_session_tracebacks_show_their_source_and_cp_keeps_a_trees_name(tmp_path
         r = sandloop("session", "cell", sid, "-c", "def f(x):\n    return 1 / x\nf(0)")
         text = r.stderr.decode()
         assert r.returncode == 1 and "ZeroDivisionError" in text, text
-        assert "    return 1 / x" in text and "    f(0)" in text  # before: file and line numbers only
+        # IPython's traceback, with each frame's source (before: file and line numbers only)
+        assert "----> 2     return 1 / x" in text and "----> 3 f(0)" in text, text
         tree = tmp_path / "data"
         (tree / "sub").mkdir(parents=True)
         (tree / "sub" / "a.txt").write_text("a")

@@ -416,6 +416,9 @@ try:
         s.commands.run("exit 4")
     except CommandExitException as e:
         out["exit"] = e.exit_code
+    ctx = s.create_code_context(language="js")
+    out["js"] = s.run_code("const a = 20; a + 22", context=ctx).text
+    out["df"] = s.run_code("import pandas as pd; pd.DataFrame({'a': [1]})").results[0].data
     s.files.write("/home/user/old.txt", "old sdk")
     out["file"] = s.files.read("/home/user/old.txt")
     out["seen"] = s.commands.run("cat /home/user/old.txt").stdout
@@ -449,6 +452,83 @@ def test_oldest_supported_sdk(server):
     assert out["code"] == ["10", ["old\n"]] and out["error"] == "NameError"
     assert out["cmd"] == "cmd\n/home/user\n" and out["exit"] == 4
     assert out["file"] == "old sdk" and out["seen"] == "old sdk" and "old.txt" in out["list"] and out["info"]
+    assert out["js"] == "42" and out["df"] == {"a": [1]}
+
+
+def test_run_code_rich_results_in_display_order(sbx):
+    """Issue 22: each output a Result with E2B's fields, streamed in order with the logs."""
+    seen = []
+    ex = sbx.run_code(
+        "import pandas as pd\nfrom IPython.display import display, HTML\nprint('one')\n"
+        "display(HTML('<p>shown</p>'))\nprint('two')\npd.DataFrame({'x': [1, 2], 'y': ['a', 'b']})",
+        on_stdout=lambda m: seen.append(("stdout", m.line)),
+        on_result=lambda r: seen.append(("result", r.html[:10] if r.html else r.text)),
+    )
+    shown, frame = ex.results
+    assert (shown.html, shown.is_main_result) == ("<p>shown</p>", False)
+    assert frame.is_main_result and frame.data == {"x": [1, 2], "y": ["a", "b"]} and "<table" in frame.html
+    assert [kind for kind, _ in seen] == ["stdout", "result", "stdout", "result"]
+    assert ex.execution_count is not None and ex.execution_count >= 1
+    chart = sbx.run_code("import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [1, 3])\nplt.title('t');")
+    (fig,) = chart.results
+    assert fig.chart is not None and fig.chart.title == "t" and fig.png
+
+
+def test_code_contexts_and_languages(sbx):
+    ctx = sbx.create_code_context(language="python")
+    sbx.run_code("mine = 1", context=ctx)
+    assert sbx.run_code("mine", context=ctx).text == "1"
+    assert sbx.run_code("mine").error.name == "NameError"  # the default context is another interpreter
+    assert ctx.id in [c.id for c in sbx.list_code_contexts()]
+    sbx.restart_code_context(ctx)
+    assert sbx.run_code("mine", context=ctx).error.name == "NameError"
+    sbx.remove_code_context(ctx)
+    assert ctx.id not in [c.id for c in sbx.list_code_contexts()]
+    assert {"python", "javascript"} <= {c.language for c in sbx.list_code_contexts()}
+    assert sbx.run_code("await Promise.resolve('js')", language="js").text == "js"
+    assert sbx.run_code("const s: string = 'ts'; s", language="ts").text == "ts"
+    bash = sbx.run_code("cd /tmp; echo $FOO; pwd", language="bash", envs={"FOO": "bar"})
+    assert bash.logs.stdout == ["bar\n", "/tmp\n"]
+    assert sbx.run_code("pwd", language="bash").logs.stdout == ["/tmp\n"]  # the shell kept its cwd
+    assert sbx.run_code("from pathlib import Path; print(Path.cwd())").logs.stdout == ["/home/user\n"]
+    assert sbx.run_code("!pwd").logs.stdout == ["/home/user\n"]
+
+
+def test_run_code_on_a_sandbox_killed_under_it_says_killed(server):
+    """As E2B's: the execution's connection breaks and the SDK, finding the sandbox gone, raises
+    "the sandbox was killed while the request was in progress" (before: an error result)."""
+    import threading
+
+    s = Sandbox.create(timeout=120)
+    killers: list[threading.Thread] = []
+
+    def kill_once_running(_line: object) -> None:  # the cell has started: now kill its sandbox
+        if not killers:
+            killers.append(threading.Thread(target=s.kill))
+            killers[0].start()
+
+    try:
+        with pytest.raises(TimeoutException, match="killed while the request was in progress"):
+            s.run_code("import time\nprint('running', flush=True)\ntime.sleep(300)", on_stdout=kill_once_running)
+    finally:
+        for k in killers:
+            k.join()
+    assert killers and not s.is_running()
+
+
+def test_code_contexts_async(server):
+    async def main():
+        s = await AsyncSandbox.create(timeout=120)
+        try:
+            ctx = await s.create_code_context(language="javascript")
+            first = await s.run_code("let n = 41", context=ctx)
+            second = await s.run_code("n + 1", context=ctx)
+            contexts = await s.list_code_contexts()
+            return first.error, second.text, ctx.id in [c.id for c in contexts]
+        finally:
+            await s.kill()
+
+    assert asyncio.run(main()) == (None, "42", True)
 
 
 def test_nothing_left_after_kill(server, sbx):

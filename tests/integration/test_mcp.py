@@ -50,6 +50,11 @@ def test_mcp_over_stdio():
                 assert "value: 7" in _text(cell)
                 images = [c for c in cell.content if getattr(c, "type", "") == "image"]
                 assert images and base64.b64decode(images[0].data).startswith(b"\x89PNG")
+                html = "from IPython.display import HTML, display\ndisplay(HTML('<table><tr><td>1</td></tr></table>'))"
+                shown = await client.call_tool("session_cell", {"session_id": sid, "code": html})
+                assert any("[text/html]\n<table>" in getattr(c, "text", "") for c in shown.content), shown
+                js = await client.call_tool("session_cell", {"session_id": sid, "code": "6 * 7", "language": "js"})
+                assert "value: 42" in _text(js)
                 escape = await client.call_tool("session_read_file", {"session_id": sid, "path": "../../etc/passwd"})
                 assert escape.is_error and "workspace" in _text(escape)
             finally:

@@ -140,12 +140,18 @@ def test_javascript_and_typescript_contexts(nb):
     waiting = nb.run_cell("await new Promise(r => setTimeout(r, 60000))", language="js", timeout_seconds=1)
     assert waiting.timed_out and not waiting.interpreter_restarted
     assert nb.run_cell("q", language="js").value == "1"  # the interrupt kept the context
-    # TypeScript's compiler takes ~100 MiB in its node: under gVisor a sandbox at its memory
-    # limit goes whole, so the JavaScript context makes room first
-    nb.remove_context("default-javascript")
-    typed = "const m: string = 'typed'; interface P { x: number }\nconst p: P = {x: 3}; m + p.x"
-    ts = nb.run_cell(typed, language="ts")
-    assert (ts.value, ts.language) == ("'typed3'", "typescript")
+
+
+def test_typescript_context(runtime):
+    """A session of its own: TypeScript's compiler takes ~80 MiB in its node, and under gVisor a
+    sandbox at its memory limit goes whole (the module's session holds pandas and matplotlib)."""
+    with Session(limits=SandboxLimits(runtime=runtime), ttl=600, quota="16m") as s:
+        typed = "const m: string = 'typed'; interface P { x: number }\nconst p: P = {x: 3}; m + p.x"
+        ts = s.run_cell(typed, language="ts", timeout_seconds=120)
+        assert (ts.value, ts.language, ts.context) == ("'typed3'", "typescript", "default-typescript"), ts
+        assert s.run_cell("m.toUpperCase()", language="typescript").value == "'TYPED'"
+        bad = s.run_cell("const n: number = ", language="ts")
+        assert bad.exit_code == 1 and bad.error is not None
 
 
 def test_a_context_that_ignores_its_interrupt_is_replaced_alone(nb):

@@ -157,6 +157,40 @@ def test_cells_stream_can_be_stopped_and_have_notes(page, tmp_path):
     shot(page, tmp_path, "playground-runs")
 
 
+def test_rich_outputs_render_a_dataframe_as_a_table_a_chart_as_an_image_and_node_keeps_state(page, tmp_path):
+    expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-"), timeout=60_000)
+    set_code(
+        page,
+        0,
+        "import pandas as pd\nfrom IPython.display import display, Markdown\n"
+        "display(Markdown('**shown**'))\npd.DataFrame({'city': ['Oslo', 'Lima'], 'temp': [4, 19]})",
+    )
+    set_code(page, 1, "import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [3, 5])\nplt.title('bars')")
+    page.click("#run-all")
+    first, second = page.locator(".cell").nth(0), page.locator(".cell").nth(1)
+    expect(second.locator(".status")).to_have_text("exit 0", timeout=60_000)
+    frame = first.frame_locator("iframe.html-output")
+    expect(frame.locator("table td").first).to_have_text("Oslo", timeout=10_000)
+    assert frame.locator("table tr").count() == 3  # the header and two rows
+    assert first.locator(".value").inner_text() == ""  # shown as the table, not twice
+    assert first.locator("pre.display-text").inner_text() == "**shown**"
+    assert second.locator(".charts img").evaluate("img => img.naturalWidth") > 100
+    page.click("#add-cell")
+    third = page.locator(".cell").nth(2)
+    third.locator(".lang").select_option("node")
+    set_code(page, 2, "const n = 21")
+    third.locator(".run").click()
+    expect(third.locator(".status")).to_have_text("exit 0", timeout=60_000)
+    set_code(page, 2, "n * 2")
+    third.locator(".run").click()
+    expect(third.locator(".value")).to_have_text("42", timeout=60_000)  # the node context kept n
+    shot(page, tmp_path, "playground-rich-outputs")
+    page.reload()  # outputs, the table among them, come back with the page
+    expect(page.locator(".cell").nth(0).frame_locator("iframe.html-output").locator("td").first).to_have_text(
+        "Oslo", timeout=30_000
+    )
+
+
 def test_a_session_notebook_with_files_survives_a_reload(page, tmp_path):
     expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-"), timeout=60_000)  # the page's own
     first_sid = page.inner_text("#session-id")

@@ -166,3 +166,21 @@ def test_process_table_in_a_real_interpreter():
     assert out["no_stdin"]["kind"] == "invalid" and "stdin" in out["no_stdin"]["error"]
     assert out["bad"]["kind"] == "invalid_argument" and "/no/such/program" in out["bad"]["error"]
     assert out["many"] == ["a\n", "b\n"] and out["missing"] == "not_found"  # several in one poll
+
+
+def test_an_output_becomes_e2b_s_result_fields():
+    from sandloop.server.e2b.jupyter import e2b_result
+
+    r = e2b_result(
+        {"text/plain": "'bar'", "text/html": "<b>", "image/png": "iVBO", "e2b/data": {"a": [1]}, "x/custom": 3},
+        True,
+    )
+    assert r == {
+        "type": "result",
+        "is_main_result": True,
+        "text": "bar",  # E2B's server drops a string's quotes
+        "html": "<b>",
+        "png": "iVBO",
+        "data": {"a": [1]},
+        "extra": {"x/custom": 3},
+    }

@@ -58,3 +58,28 @@ def test_invalid_utf8_is_replaced_not_raised():
     s = CappedStream(100)
     s.feed(b"ok \xff\xfe \x00 end")
     assert s.text() == "ok \ufffd\ufffd \x00 end"
+
+
+def test_a_long_end_line_is_kept_whole_across_many_reads_and_outputs_become_artifacts():
+    import base64 as b64
+    import json as js
+
+    from sandloop.runtime import protocol
+
+    outputs = [
+        {
+            "type": "display_data",
+            "data": {"text/plain": "<Figure>", "image/png": b64.b64encode(b"\x89PNG" + b"x" * 300_000).decode()},
+        }
+    ]
+    payload = b64.b64encode(js.dumps({"outputs": outputs, "execution_count": 3, "context": "default"}).encode())
+    line = protocol.END_MARKER + b"n1:0:" + payload + b"\n"
+    collector = protocol.cell_collector(None, 1 << 20, "n1")
+    data = b"printed\n" + line
+    for i in range(0, len(data), 4096):  # as a pipe delivers it
+        collector.feed(protocol.STDOUT, data[i : i + 4096])
+    collector.feed(protocol.STDERR, protocol.END_MARKER + b"n1:0\n")
+    reply = protocol.cell_reply(collector)
+    assert reply["execution_count"] == 3 and bytes(collector.stdout.data) == b"printed\n"
+    (art,) = protocol.artifacts_of([protocol.Output(**o) for o in reply["outputs"]])
+    assert art.name == "figure-1.png" and art.data.startswith(b"\x89PNG") and len(art.data) == 300_004

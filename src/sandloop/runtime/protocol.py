@@ -137,22 +137,33 @@ class CappedStream:
         return None
 
 
-#: Bytes of one end line kept (a cell's outputs ride on it); past this its payload is lost.
+#: A displayed output of a session's interpreter, on its stdout (``kernel_python.py``).
+OUTPUT_MARKER = b"\0\x1esandloop-output:"
+MARKER_PREFIX = b"\0\x1esandloop-"
+#: Bytes of one marked line kept (a cell's outputs ride on them); past this its payload is lost.
 MAX_END_LINE = 64 * 1024 * 1024
 
 
 class EndWatch:
     """Passes one stream's bytes to its sink until the launcher's end line appears in it.
 
-    A few bytes are held back so a line split across reads is still found.
+    A few bytes are held back so a line split across reads is still found. A session
+    interpreter's stdout also carries its displayed outputs, one line each
+    (``OUTPUT_MARKER<nonce>:<base64 JSON>``): they are taken out of the stream, kept in
+    ``outputs`` and handed to ``on_display`` as they come.
     """
 
-    def __init__(self, sink: CappedStream, marker: bytes | None) -> None:
+    def __init__(
+        self, sink: CappedStream, marker: bytes | None, on_display: Callable[[bytes], None] | None = None
+    ) -> None:
         self.sink = sink
         self.marker = marker
+        self.output_marker = None if marker is None else OUTPUT_MARKER + marker[len(END_MARKER) :]
+        self.on_display = on_display
         self.held = bytearray()
         self.status: int | None = None
         self.payload = b""
+        self.outputs: list[dict[str, Any]] = []
         #: Output after the end line (a thread still printing). A one-shot run drops it with its
         #: sandbox; a session's interpreter shows it with the next cell (``Collector.reset``).
         self.after = bytearray()
@@ -167,33 +178,58 @@ class EndWatch:
             return
         if isinstance(chunk, memoryview):
             chunk = bytes(chunk)
-        if self.held.startswith(self.marker) and b"\n" not in chunk:
-            # the middle of a long end line (a cell's outputs): keep it, without copying it again
+        if self.held[:1] == b"\0" and len(self.held) > len(MARKER_PREFIX) and b"\n" not in chunk:
+            # the middle of a long marked line (a cell's outputs): keep it, without copying it again
             if len(self.held) + len(chunk) <= MAX_END_LINE:
                 self.held += chunk
             return
-        data = bytes(self.held) + bytes(chunk)
-        at = data.find(self.marker)
-        if at >= 0:
-            end = data.find(b"\n", at)
-            self.sink.feed(data[:at])
-            if end < 0:  # the status digits (or the payload) have not all arrived yet
-                self.held = bytearray(data[at:])
+        data = bytes(self.held) + chunk
+        self.held = bytearray()
+        assert self.output_marker is not None
+        while data:
+            at = data.find(b"\0")
+            if at < 0:
+                self.sink.feed(data)
                 return
-            self.held = bytearray()
-            status, _, payload = data[at + len(self.marker) : end].partition(b":")
+            self.sink.feed(data[:at])
+            data = data[at:]
+            marker = self.marker if data.startswith(self.marker) else None
+            if marker is None and data.startswith(self.output_marker):
+                marker = self.output_marker
+            if marker is None:
+                if self.marker.startswith(data) or self.output_marker.startswith(data):
+                    self.held = bytearray(data)  # the start of a marker: the rest comes next
+                    return
+                self.sink.feed(data[:1])  # a NUL of the program's own
+                data = data[1:]
+                continue
+            end = data.find(b"\n")
+            if end < 0:  # the line has not all arrived yet
+                self.held = bytearray(data[:MAX_END_LINE])
+                return
+            line, data = data[len(marker) : end], data[end + 1 :]
+            if marker is self.output_marker:
+                self._display(line)
+                continue
+            status, _, payload = line.partition(b":")
             try:
                 self.status = int(status)
                 self.payload = payload
             except ValueError:
-                self.sink.feed(data[at : end + 1])  # not ours after all
-            self.feed(data[end + 1 :])
+                self.sink.feed(marker + line + b"\n")  # not ours after all
+                continue
+            self.feed(data)  # what follows the end line goes to ``after``
             return
-        cut = max(0, len(data) - (len(self.marker) - 1))
-        nul = data.find(b"\0", cut)
-        cut = nul if nul >= 0 else len(data)
-        self.sink.feed(data[:cut])
-        self.held = bytearray(data[cut:])
+
+    def _display(self, line: bytes) -> None:
+        try:
+            output = json.loads(base64.b64decode(line))
+        except ValueError:
+            return
+        if isinstance(output, dict):
+            self.outputs.append(output)
+            if self.on_display is not None:
+                self.on_display(json.dumps(output).encode())
 
     def flush(self) -> None:
         if self.held:
@@ -208,10 +244,21 @@ class Collector:
     ended (``exit_status`` is then set).
     """
 
-    def __init__(self, stdout: CappedStream, stderr: CappedStream, nonce: str | None) -> None:
+    def __init__(
+        self,
+        stdout: CappedStream,
+        stderr: CappedStream,
+        nonce: str | None,
+        on_display: Callable[[bytes], None] | None = None,
+    ) -> None:
         self.stdout, self.stderr = stdout, stderr
         marker = None if nonce is None else END_MARKER + nonce.encode() + b":"
-        self._watches = {STDOUT: EndWatch(stdout, marker), STDERR: EndWatch(stderr, marker)}
+        self._watches = {STDOUT: EndWatch(stdout, marker, on_display), STDERR: EndWatch(stderr, marker)}
+
+    @property
+    def outputs(self) -> list[dict[str, Any]]:
+        """What a session's interpreter displayed during the request, as it streamed it."""
+        return self._watches[STDOUT].outputs
 
     @property
     def exit_status(self) -> int | None:
@@ -233,10 +280,16 @@ class Collector:
         for watch in self._watches.values():
             watch.flush()
 
-    def next(self, stdout: CappedStream, stderr: CappedStream, nonce: str) -> Collector:
+    def next(
+        self,
+        stdout: CappedStream,
+        stderr: CappedStream,
+        nonce: str,
+        on_display: Callable[[bytes], None] | None = None,
+    ) -> Collector:
         """A collector for the next request on the same connection; output that came after this
         request's end lines goes to the new sinks first."""
-        following = Collector(stdout, stderr, nonce)
+        following = Collector(stdout, stderr, nonce, on_display)
         for stream, watch in self._watches.items():
             if watch.after:
                 following.feed(stream, bytes(watch.after))
@@ -273,13 +326,17 @@ def cell_collector(
     """The collector for a session interpreter's next cell; output a thread printed after the
     previous cell's end line comes first. ``on_output("stdout" | "stderr", data)`` sees the kept
     output as it arrives."""
+    on_display = None
     if on_output is None:
         stdout, stderr = CappedStream(limit), CappedStream(limit)
     else:
         emit = on_output
         stdout = CappedStream(limit, lambda data: emit("stdout", data))
         stderr = CappedStream(limit, lambda data: emit("stderr", data))
-    return Collector(stdout, stderr, nonce) if previous is None else previous.next(stdout, stderr, nonce)
+        on_display = lambda data: emit("display", data)  # noqa: E731 - one output's JSON
+    if previous is None:
+        return Collector(stdout, stderr, nonce, on_display)
+    return previous.next(stdout, stderr, nonce, on_display)
 
 
 def await_cell(
@@ -401,7 +458,8 @@ def cell_result(
     exit_code = -1 if timed_out else status if status is not None else 137 if oom_killed else 1
     reply = cell_reply(collector)
     value, omitted, error = reply.get("value"), int(reply.get("value_omitted") or 0), None
-    outputs = [Output(**o) for o in reply.get("outputs") or () if isinstance(o, dict)]
+    streamed = collector.outputs if collector.exit_status is not None or collector.outputs else []
+    outputs = [Output(**o) for o in [*streamed, *(reply.get("outputs") or ())] if isinstance(o, dict)]
     if isinstance(reply.get("error"), dict):
         error = CellError(**reply["error"])
     return CellResult(

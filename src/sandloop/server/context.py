@@ -4,6 +4,7 @@ endpoints, per-token windows, metrics) with the rules a route applies before cal
 
 import collections
 import contextlib
+import json
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -137,9 +138,9 @@ class Api:
     ) -> StreamingResponse:
         """``call(on_output, cancel)`` (a run or a cell, given where to send output as it arrives
         and an event set when the client leaves) as server-sent events: ``stdout``/``stderr``
-        ({text}) as they come, then ``result`` (the body an unstreamed call answers) or ``error``.
-        Counted against the token's rate and concurrency here, before the response starts (a 429
-        is a status, not an event)."""
+        ({text}) and a cell's ``display`` outputs (MIME bundles) as they come, then ``result``
+        (the body an unstreamed call answers) or ``error``. Counted against the token's rate and
+        concurrency here, before the response starts (a 429 is a status, not an event)."""
         import codecs
 
         self.rates.enter(token)
@@ -148,6 +149,9 @@ class Api:
             decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")}
 
             def on_output(stream: str, data: bytes) -> None:
+                if stream == "display":  # an output a session's cell displayed (its JSON)
+                    emit("display", json.loads(data))
+                    return
                 text = decoders[stream].decode(data)
                 if text:
                     emit(stream, {"text": text})

@@ -14,9 +14,9 @@ concurrency, session and workspace ceilings exactly as over the HTTP API.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
+import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,10 @@ INSTRUCTIONS = (
     "programs. For multi-step work, session_create gives a persistent /workspace and a Python "
     "interpreter whose variables survive between session_cell calls; charts come back as images."
 )
+
+
+#: Characters of one HTML, markdown, SVG or JSON output a tool result carries.
+OUTPUT_TEXT_CHARS = 20000
 
 
 def _text(text: str, is_error: bool = False) -> CallToolResult:
@@ -155,23 +159,35 @@ def create_mcp_server(
         return _text(format_execution(result), is_error=not result.ok)
 
     @server.tool(
-        description="Run Python in the session's interpreter; variables persist between calls. The value of "
-        "a last expression is returned; matplotlib figures come back as PNG images."
+        description="Run a cell in the session's interpreter (IPython for Python: !cmd, %magic, display); "
+        "variables persist between calls. language: python (default), javascript, typescript or bash. The "
+        "value of a last expression is returned; figures and images come back as images, HTML and "
+        "markdown outputs as text."
     )
     @_guarded
-    def session_cell(ctx: Context, session_id: str, code: str, timeout_seconds: float = 30) -> CallToolResult:
+    def session_cell(
+        ctx: Context, session_id: str, code: str, timeout_seconds: float = 30, language: str = "python"
+    ) -> CallToolResult:
         with metered(ctx) as token, attach(token, session_id) as s:
-            result = s.run_cell(code, timeout_seconds, secrets=secrets if s.limits.egress else None)
+            result = s.run_cell(code, timeout_seconds, secrets=secrets if s.limits.egress else None, language=language)
         text = format_execution(result)
         if result.value is not None:
             text += f"\nvalue: {result.value}"
         if result.interpreter_restarted:
             text += "\nnote: the interpreter had to be restarted; its variables are gone."
         content: list[Any] = [TextContent(type="text", text=text)]
-        content += [
-            ImageContent(type="image", data=base64.b64encode(a.data).decode(), mime_type=a.mime_type)
-            for a in result.artifacts
-        ]
+        for output in result.outputs:
+            for mime in ("image/png", "image/jpeg"):
+                if isinstance(output.data.get(mime), str):
+                    content.append(ImageContent(type="image", data=output.data[mime], mime_type=mime))
+                    break
+            else:
+                for mime in ("text/html", "text/markdown", "image/svg+xml", "application/json"):
+                    if mime in output.data and not output.is_main_result:
+                        body = output.data[mime]
+                        body = body if isinstance(body, str) else json.dumps(body)
+                        content.append(TextContent(type="text", text=f"[{mime}]\n{body[:OUTPUT_TEXT_CHARS]}"))
+                        break
         return CallToolResult(content=content, is_error=not result.ok)
 
     @server.tool(description="Write a text file into the session's /workspace (path relative to it).")

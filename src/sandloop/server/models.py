@@ -109,6 +109,10 @@ class SessionRunIn(_In):
 
 class CellIn(_In):
     code: str = Field(max_length=MAX_CODE_CHARS)
+    language: str | None = Field(
+        None, max_length=20, description="python, javascript, typescript or bash: that language's default context."
+    )
+    context: str | None = Field(None, max_length=64, description="A context made by POST .../contexts.")
     timeout_seconds: float | None = _TIMEOUT
     secrets: dict[str, SecretIn] = _SECRETS
     stream: bool = _STREAM
@@ -119,6 +123,11 @@ def secrets_of(given: dict[str, SecretIn]) -> dict[str, Secret]:
     return {
         name: Secret(s.value, hosts=s.hosts, headers=s.headers, plain_http=s.plain_http) for name, s in given.items()
     }
+
+
+class ContextIn(_In):
+    language: str = Field("python", max_length=20)
+    cwd: str | None = Field(None, max_length=4096, description="Absolute; default the workspace.")
 
 
 class SessionIn(_In):

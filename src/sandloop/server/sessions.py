@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from sandloop.contract import parse_size
 from sandloop.server.context import Api, Auth
 from sandloop.server.errors import ApiError
-from sandloop.server.models import CellIn, SessionIn, SessionRunIn, secrets_of
+from sandloop.server.models import CellIn, ContextIn, SessionIn, SessionRunIn, secrets_of
 from sandloop.server.quota import check_session_room
 
 
@@ -96,9 +96,45 @@ def session_routes(api: Api) -> APIRouter:
         def call(s: Any, on_output: Any = None, cancel: Any = None) -> Any:
             # a client that stops reading (the playground's interrupt) interrupts the cell; its
             # interpreter and variables stay
-            return s.run_cell(body.code, timeout, secrets=secrets, on_output=on_output, cancel=cancel, detach=True)
+            on_display = None
+            if on_output is not None:  # streamed: each output as a `display` event as it comes
+                relay = on_output
+                on_display = lambda o: relay("display", o.model_dump_json().encode())  # noqa: E731
+            return s.run_cell(
+                body.code,
+                timeout,
+                secrets=secrets,
+                on_output=on_output,
+                cancel=cancel,
+                detach=True,
+                context=body.context,
+                language=body.language,
+                on_display=on_display,
+            )
 
         return await answer(token, session_id, call, body.stream)
+
+    @router.get("/v1/sessions/{session_id}/contexts")
+    def list_contexts(session_id: str, token: Auth) -> list[dict[str, Any]]:
+        """The session's interpreters: the default Python and JavaScript ones, then those made."""
+        contexts = with_session(token, session_id, lambda s: s.list_contexts())
+        return [c.model_dump() for c in contexts]
+
+    @router.post("/v1/sessions/{session_id}/contexts", status_code=201)
+    def create_context(session_id: str, body: ContextIn, token: Auth) -> dict[str, Any]:
+        """A new independent interpreter in the session's sandbox (its own variables, the same files)."""
+        context = with_session(token, session_id, lambda s: s.create_context(body.language, body.cwd))
+        return dict(context.model_dump())
+
+    @router.post("/v1/sessions/{session_id}/contexts/{context_id}/restart")
+    def restart_context(session_id: str, context_id: str, token: Auth) -> dict[str, Any]:
+        context = with_session(token, session_id, lambda s: s.restart_context(context_id))
+        return dict(context.model_dump())
+
+    @router.delete("/v1/sessions/{session_id}/contexts/{context_id}", status_code=204)
+    def remove_context(session_id: str, context_id: str, token: Auth) -> Response:
+        with_session(token, session_id, lambda s: s.remove_context(context_id))
+        return Response(status_code=204)
 
     @router.get("/v1/sessions/{session_id}/files")
     def list_files(session_id: str, token: Auth, path: str = ".") -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from sandloop.contract import (
     ContextNotFound,
     ExecutionResult,
     InvalidArgument,
+    Output,
     PathRefused,
     SandboxError,
     SandboxLimits,
@@ -48,7 +49,7 @@ from sandloop.requests import build_request, check_secrets, check_timeout
 from sandloop.runtime.base import SandboxSpec
 from sandloop.runtime.labels import LABEL_PREFIX
 from sandloop.sessions.kernel import Kernel, lock_file
-from sandloop.sessions.store import SESSION_LABEL, WORKSPACE, SessionRecord
+from sandloop.sessions.store import HOME_DIR, SESSION_LABEL, WORKSPACE, SessionRecord
 
 if TYPE_CHECKING:
     from sandloop.root import Sandloop
@@ -140,6 +141,9 @@ class Session:
         #: ``with`` releases what this call acquired: a session made here is deleted at the end
         #: of a ``with``; one attached to is only closed (it lives on for others).
         self._created_here = created_here
+        #: Where the default contexts start when this handle starts them (None: the workspace);
+        #: the E2B API sets /home/user, E2B's own default.
+        self.default_cwd: str | None = None
         self._kernel = Kernel(
             self._root.backend,
             self._spec(kernel=True),
@@ -194,7 +198,7 @@ class Session:
             self.limits.for_container(),
             cwd=WORKSPACE,
             labels=tuple(labels),
-            volumes=((self._record.volume, WORKSPACE),),
+            volumes=((self._record.volume, WORKSPACE), (self._record.volume, HOME_DIR)),
             command=("--kernel",) if kernel else (),
         )
 
@@ -247,12 +251,14 @@ class Session:
         context: str | CodeContext | None = None,
         language: str | None = None,
         env: Mapping[str, str] | None = None,
+        on_display: Callable[[Output], None] | None = None,
     ) -> CellResult:
         """Run a cell in one of the session's interpreters, with IPython's semantics for Python
         (``!cmd``, ``%magic``, ``display()``, rich outputs in ``result.outputs``): state persists
         between cells of a context. ``context`` (an id or a ``CodeContext``) picks one made by
         ``create_context``; else ``language`` (python, javascript, typescript, bash) picks that
-        language's default context. ``env`` is set for this cell only.
+        language's default context. ``env`` is set for this cell only. ``on_display(output)``
+        sees each output as the cell displays it (``result.outputs`` has them all at the end).
         ``secrets`` as for ``run_code``: their placeholders are set for this cell only.
         ``on_output("stdout" | "stderr", data)`` sees output as it arrives; setting ``cancel``
         interrupts the cell (as its timeout would); ``output_limit`` replaces the session's
@@ -264,24 +270,22 @@ class Session:
             raise InvalidArgument("a cell must be a string of code")
         options = self._cell_options(context, language, env)
         checked = check_secrets(secrets or {}, self.limits)
+        relay = _relay(on_output, on_display)
         limits = self.limits
         if output_limit is not None:
             try:
                 limits = SandboxLimits(**{**limits.model_dump(), "output_limit": output_limit})
             except SandboxError as exc:
                 raise InvalidArgument(str(exc)) from None
-        result = self._kernel.run(
-            code, check_timeout(timeout_seconds), limits, checked, on_output, cancel, detach, options
-        )
+        result = self._kernel.run(code, check_timeout(timeout_seconds), limits, checked, relay, cancel, detach, options)
         if result.error is not None and result.reply.get("refused"):
             self._op_reply(result, "a cell")
         return result
 
-    @staticmethod
     def _cell_options(
-        context: str | CodeContext | None, language: str | None, env: Mapping[str, str] | None
+        self, context: str | CodeContext | None, language: str | None, env: Mapping[str, str] | None
     ) -> dict[str, Any]:
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {"default_cwd": self.default_cwd} if self.default_cwd else {}
         if context is not None:
             cid = context.id if isinstance(context, CodeContext) else context
             if not isinstance(cid, str) or not cid or len(cid) > 64:
@@ -310,7 +314,8 @@ class Session:
 
     def list_contexts(self) -> builtins.list[CodeContext]:
         """The session's contexts: the default Python and JavaScript ones, then those created."""
-        result = self._kernel.run("", 30, self.limits, None, None, None, False, {"op": "list"})
+        options = self._cell_options(None, None, None)
+        result = self._kernel.run("", 30, self.limits, None, None, None, False, {"op": "list", **options})
         return [CodeContext(**c) for c in self._op_reply(result, "listing contexts")["contexts"]]
 
     def restart_context(self, context: str | CodeContext) -> CodeContext:
@@ -456,6 +461,24 @@ class Session:
 
     def __repr__(self) -> str:
         return f"Session({self.id!r})"
+
+
+def _relay(
+    on_output: Callable[[str, bytes], None] | None, on_display: Callable[[Output], None] | None
+) -> Callable[[str, bytes], None] | None:
+    """The interpreter's stream of ``stdout``, ``stderr`` and ``display`` pieces (an output's
+    JSON, runtime/protocol.py), split between the two callbacks."""
+    if on_output is None and on_display is None:
+        return None
+
+    def relay(kind: str, data: bytes) -> None:
+        if kind == "display":
+            if on_display is not None:
+                on_display(Output(**json.loads(data)))
+        elif on_output is not None:
+            on_output(kind, data)
+
+    return relay
 
 
 def _tar_directory(src: Path) -> bytes:

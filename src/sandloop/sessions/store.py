@@ -28,7 +28,9 @@ from sandloop.runtime.base import Housekeeping, WorkspaceRef, Workspaces
 from sandloop.runtime.labels import SESSION_LABEL
 
 WORKSPACE = "/workspace"
-__all__ = ["SESSION_LABEL", "WORKSPACE", "SessionRecord", "SessionStore", "SharedRecords"]
+#: The workspace is mounted here too: where code written for E2B's sandboxes keeps its files.
+HOME_DIR = "/home/user"
+__all__ = ["HOME_DIR", "SESSION_LABEL", "WORKSPACE", "SessionRecord", "SessionStore", "SharedRecords"]
 
 
 class SessionBackend(Workspaces, Housekeeping, Protocol):

@@ -8,9 +8,12 @@ code). Each frame is an operation; ``op`` is ``cell`` unless it says otherwise:
 - ``create`` (``language``, ``cwd``), ``restart`` / ``remove`` (``context``), ``list``.
 
 Every frame ends with the launcher's end line on stdout and stderr; the stdout line carries a
-base64 JSON payload: for a cell ``{"outputs": [MIME bundles], "execution_count", "error",
-"value", "value_omitted", "restarted", "context"}``, for the others ``{"contexts": [...]}`` or
-an ``error``.
+base64 JSON payload: for a cell ``{"execution_count", "error", "value", "value_omitted",
+"restarted", "context", "language", "outputs"}``, for the others ``{"contexts": [...]}`` or an
+``error``. A Python context streams each output as it is displayed, a line of its own on stdout
+(``\0\x1esandloop-output:<nonce>:<base64 JSON>``, see kernel_python.py); the other languages'
+outputs ride on the end line. ``default_cwd`` in any frame says where default contexts that have
+not started yet will start (the E2B API: /home/user).
 
 This process runs no user code. It imports IPython (and ``SANDLOOP_PRELOAD``'s modules) once,
 before any cell, and every Python context is a ``fork`` of it: the pages are shared and a new
@@ -200,6 +203,16 @@ class Supervisor:
         fds = [fd for c in self.contexts.values() if c is not ctx for fd in (c.cmd, c.reply) if fd is not None]
         return fds + [fd for fd in getattr(self, "wakeup_fds", ()) if fd is not None]
 
+    def adopt_default_cwd(self, header):
+        """``default_cwd`` (the E2B API sends /home/user): where default contexts that have not
+        started yet will start."""
+        cwd = header.get("default_cwd")
+        if isinstance(cwd, str) and os.path.isabs(cwd) and os.path.isdir(cwd):
+            self.cwd = cwd
+            for cid, ctx in self.contexts.items():
+                if cid.startswith("default") and not ctx.alive:
+                    ctx.cwd = cwd
+
     # -- operations ----------------------------------------------------------------------------
     def context_for(self, header):
         cid = header.get("context")
@@ -264,7 +277,7 @@ class Supervisor:
         if not ctx.alive:
             ctx.start(self.preloaded, self.pipes(ctx))
         message = {"code": len(code)}
-        for key in ("env", "ca"):
+        for key in ("env", "ca", "nonce"):
             if header.get(key):
                 message[key] = header[key]
         try:
@@ -321,6 +334,7 @@ class Supervisor:
             op = header.get("op") or "cell"
             status, reply = 0, {}
             try:
+                self.adopt_default_cwd(header)
                 if op == "cell":
                     reply = self.cell(header, code)
                     status = int(reply.pop("status", 0))

@@ -28,6 +28,9 @@ PRELOAD = tuple(m for m in os.environ.get("SANDLOOP_PRELOAD", "PIL.Image").split
 #: matplotlib, whenever a cell imports it, draws inline: figures are displayed at the cell's end.
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 MAX_VALUE_CHARS = 20000
+#: A displayed output, streamed on stdout: ``OUTPUT_MARKER<nonce>:<base64 JSON>\n`` (the host
+#: takes these lines out of the cell's stdout; runtime/protocol.py).
+OUTPUT_MARKER = b"\0\x1esandloop-output:"
 #: Bytes of display data one cell may return (the rest is dropped, and the cell says so).
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 
@@ -35,8 +38,10 @@ MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 class _Cell:
     """What the running cell has displayed and raised."""
 
-    def __init__(self):
+    def __init__(self, nonce=""):
         self.outputs, self.error, self.exit_status, self.size, self.dropped = [], None, None, 0, 0
+        self.nonce = nonce.encode()
+        self.kept = []  # outputs that go with the reply (no nonce to stream them with)
 
     def add(self, kind, data, metadata):
         bundle = {}
@@ -53,7 +58,13 @@ class _Cell:
             self.dropped += 1
             return
         self.size += size
-        self.outputs.append({"type": kind, "data": bundle, "metadata": _jsonable(metadata or {})})
+        output = {"type": kind, "data": bundle, "metadata": _jsonable(metadata or {})}
+        self.outputs.append(output)
+        if self.nonce:  # on its way as it is displayed, in order with what the cell prints
+            line = OUTPUT_MARKER + self.nonce + b":" + base64.b64encode(json.dumps(output, default=str).encode())
+            _write_all(1, line + b"\n")
+        else:
+            self.kept.append(output)
 
 
 CELL = _Cell()
@@ -89,6 +100,19 @@ def preload():
 
 
 def _make_shell():
+    # IPython's completer imports jedi (6 MiB resident, measured) for tab completion, which no
+    # cell uses: hide it while IPython loads, so a cell can still import it itself.
+    hidden = "jedi" not in sys.modules
+    if hidden:
+        sys.modules["jedi"] = None
+    try:
+        return _build_shell()
+    finally:
+        if hidden and sys.modules.get("jedi", 0) is None:
+            del sys.modules["jedi"]
+
+
+def _build_shell():
     try:
         from IPython.core.displayhook import DisplayHook
         from IPython.core.displaypub import DisplayPublisher
@@ -261,7 +285,7 @@ def serve(cmd_fd, reply_fd, shell):
         os.environ.update(env)  # for this cell only: secrets' placeholders, E2B's envs
         if header.get("ca"):
             launcher.trust(header["ca"])
-        CELL = _Cell()
+        CELL = _Cell(str(header.get("nonce") or ""))
         status = 0
         try:
             result = shell.run_cell(code, store_history=True)
@@ -281,7 +305,7 @@ def serve(cmd_fd, reply_fd, shell):
                 os.environ[name] = value
         reply = {
             "status": status,
-            "outputs": CELL.outputs,
+            "outputs": CELL.kept,
             "outputs_dropped": CELL.dropped,
             "execution_count": shell.execution_count - 1,
             "error": CELL.error,
@@ -293,7 +317,10 @@ def serve(cmd_fd, reply_fd, shell):
             if reply["value_omitted"]:
                 text = text[:MAX_VALUE_CHARS] + "... [%d characters omitted]" % reply["value_omitted"]
             reply["value"] = text
-        data = json.dumps(reply, default=str).encode() + b"\n"
-        view = memoryview(data)
-        while view:
-            view = view[os.write(reply_fd, view) :]
+        _write_all(reply_fd, json.dumps(reply, default=str).encode() + b"\n")
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -19,10 +19,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from sandloop.contract import CodeContext, ContextNotFound
+from sandloop.contract import CodeContext, Output
 from sandloop.server.e2b.control import e2b_error_response
 from sandloop.server.e2b.service import CODE_OUTPUT, E2B, HOME, E2BError
 from sandloop.sessions import Session
+from sandloop.sessions.session import CONTEXT_LANGUAGES
 from sandloop.sessions.store import WORKSPACE
 
 
@@ -83,6 +84,13 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
                     text = rest.decode("utf-8", "replace")
                     loop.call_soon_threadsafe(queue.put_nowait, {"type": kind, "text": text, "timestamp": _now()})
 
+        streamed: list[Output] = []
+
+        def on_display(output: Output) -> None:
+            flush()  # what the cell printed before the display comes before it
+            streamed.append(output)
+            put(e2b_result(output.data, output.is_main_result))
+
         def work() -> None:
             try:
                 with e2b.api.rates.use(token):
@@ -98,14 +106,18 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
                             context=context_id or None,
                             language=_language(language) if language else None,
                             env=envs or None,
+                            on_display=on_display,
                         )
                     finally:
                         flush()
+                if result.sandbox_replaced and e2b.gone(box.sandbox_id):
+                    put(_KILLED)  # as E2B's: the connection breaks, and the SDK finds the sandbox gone
+                    return
                 outcome = "timeout" if result.timed_out else "ok" if result.ok else "error"
                 e2b.api.metrics.run(outcome, result.duration_seconds)
                 if result.execution_count is not None:
                     put({"type": "number_of_executions", "execution_count": result.execution_count})
-                for output in result.outputs:
+                for output in result.outputs[len(streamed) :]:  # those that came with the end (not Python's)
                     put(e2b_result(output.data, output.is_main_result))
                 if result.error is not None:
                     err = result.error
@@ -129,12 +141,11 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
                         },
                     )
                 loop.call_soon_threadsafe(queue.put_nowait, {"type": "end_of_execution"})
-            except ContextNotFound as exc:
-                put({"type": "error", "name": "ContextNotFound", "value": str(exc), "traceback": ""})
             except Exception as exc:  # noqa: BLE001 - reported in the stream
-                loop.call_soon_threadsafe(
-                    queue.put_nowait, {"type": "error", "name": type(exc).__name__, "value": str(exc), "traceback": ""}
-                )
+                if e2b.gone(box.sandbox_id):
+                    put(_KILLED)
+                    return
+                put({"type": "error", "name": type(exc).__name__, "value": str(exc), "traceback": ""})
             finally:
                 loop.call_soon_threadsafe(queue.put_nowait, None)
 
@@ -142,6 +153,8 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
             worker = asyncio.ensure_future(run_in_threadpool(work))
             try:
                 while (item := await queue.get()) is not None:
+                    if item is _KILLED:  # break the connection mid-stream, as E2B's proxy does
+                        raise SandboxKilled(f"sandbox {box.sandbox_id} was killed during the execution")
                     yield json.dumps(item).encode() + b"\n"
             finally:
                 cancel.set()  # the client went away (its timeout): interrupt the cell, keep the state
@@ -207,18 +220,15 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
     return router
 
 
-#: The names E2B's SDKs send for each language, and the interpreter that runs it.
-_LANGUAGES = {
-    "python": "python",
-    "python3": "python",
-    "javascript": "javascript",
-    "js": "javascript",
-    "typescript": "typescript",
-    "ts": "typescript",
-    "bash": "bash",
-    "sh": "bash",
-}
 LANGUAGES_SAID = "the code interpreter runs python, javascript, typescript and bash (not r or java)"
+
+#: Put in an execution's stream when its sandbox was killed under it.
+_KILLED: dict[str, Any] = {"type": "killed"}
+
+
+class SandboxKilled(Exception):
+    """Ends an execution's response without its last chunk: the client sees the connection break."""
+
 
 #: E2B's ``Result`` fields for each MIME type (template/server/api/models/result.py).
 _FIELDS = {
@@ -238,7 +248,8 @@ _FIELDS = {
 
 
 def _language(name: str) -> str | None:
-    return _LANGUAGES.get(name.strip().lower())
+    """The interpreter a name E2B's SDKs send (python, js, ts, bash, ...) means, if any."""
+    return CONTEXT_LANGUAGES.get(name.strip().lower())
 
 
 def e2b_result(data: dict[str, Any], is_main_result: bool) -> dict[str, Any]:

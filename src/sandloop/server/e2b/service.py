@@ -1,6 +1,6 @@
 """E2B sandboxes on sandloop sessions: what the control plane, envd and Jupyter routes share.
 
-An E2B sandbox is a session: ``/home/user`` is its workspace (the image links one to the other),
+An E2B sandbox is a session: ``/home/user`` is its workspace (mounted there and at /workspace),
 ``run_code`` runs in its interpreter, commands run as processes of that interpreter's sandbox
 (procs_helper.py), files go through the session's file API (inside a sandbox, confined to the
 workspace). Its timeout is absolute, as E2B's is: each call checks it, the control plane's calls
@@ -84,7 +84,7 @@ def sandbox_path(rel: str) -> str:
 
 
 def command_cwd(cwd: str | None) -> str:
-    """A command's working directory: /home/user (the image links it to the workspace) unless
+    """A command's working directory: /home/user (the workspace is mounted there too) unless
     the caller names another; ``~`` and relative paths are under /home/user."""
     if not cwd:
         return HOME
@@ -175,6 +175,7 @@ class E2B:
             except SessionNotFound:
                 self.forget(sandbox_id)
                 raise E2BError(404, f"sandbox {sandbox_id} not found (it was killed or timed out)") from None
+            s.default_cwd = HOME  # E2B's code contexts start in /home/user
             with self._lock:
                 s = self._sessions.setdefault(sandbox_id, s)
         return s
@@ -254,6 +255,13 @@ class E2B:
                 self._streams[sandbox_id] -= 1
                 if not self._streams[sandbox_id]:
                     del self._streams[sandbox_id]
+
+    def gone(self, sandbox_id: str) -> bool:
+        """Killed, or being killed (a stream it broke must say so, not report an error)."""
+        with self._lock:
+            if sandbox_id in self._killing:
+                return True
+        return self.registry.get(sandbox_id) is None
 
     def live(self, box: E2BSandbox | None, sandbox_id: str) -> E2BSandbox:
         with self._lock:

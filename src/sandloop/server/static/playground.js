@@ -85,7 +85,7 @@ function cellsKey() { return "sandloop-cells:" + (session || "none"); }
 
 // What a cell showed, kept with its code so that a reload shows it again.
 function outputOf(cell) {
-  const charts = [...part(cell, "charts").querySelectorAll("img")].map((img) => ({ alt: img.alt, src: img.src }));
+  const charts = part(cell, "charts").innerHTML; // only ever built by renderOutputs (sandboxed frames, images)
   return {
     stdout: part(cell, "stdout").textContent,
     stderr: part(cell, "stderr").textContent,
@@ -103,7 +103,10 @@ function restoreOutput(cell, o) {
   if (!o) return;
   for (const name of ["stdout", "stderr", "value", "prompt", "duration"]) part(cell, name).textContent = o[name] || "";
   for (const n of o.notes || []) part(cell, "notes").append(el("div", { className: "note", textContent: n }));
-  for (const c of o.charts || []) part(cell, "charts").append(el("img", { alt: c.alt, src: c.src }));
+  if (typeof o.charts === "string") {
+    part(cell, "charts").innerHTML = o.charts;
+    for (const frame of part(cell, "charts").querySelectorAll("iframe")) fitFrame(frame);
+  } else for (const c of o.charts || []) part(cell, "charts").append(el("img", { alt: c.alt, src: c.src }));
   part(cell, "status").textContent = o.status || "";
   part(cell, "status").className = o.statusClass || "status";
 }
@@ -113,7 +116,7 @@ function saveCells() {
   try {
     localStorage.setItem(cellsKey(), JSON.stringify(saved));
   } catch (e) { // over the browser's storage quota (big charts): keep the code and the text
-    saved = saved.map((c) => ({ ...c, output: { ...c.output, charts: [] } }));
+    saved = saved.map((c) => ({ ...c, output: { ...c.output, charts: "" } }));
     try { localStorage.setItem(cellsKey(), JSON.stringify(saved)); } catch (e2) { /* code only is lost too */ }
   }
 }
@@ -172,6 +175,46 @@ function setStatus(cell, text, cls) {
   s.className = "status " + (cls || "");
 }
 
+// A frame for HTML a cell displayed: sandboxed with no scripts (allow-same-origin only lets this
+// page measure it), so a table renders and nothing in it runs or reaches the token.
+function fitFrame(frame) {
+  const fit = () => {
+    try { frame.style.height = Math.min(600, frame.contentDocument.documentElement.scrollHeight + 4) + "px"; } catch (e) {}
+  };
+  frame.addEventListener("load", fit);
+  fit();
+}
+
+// What a cell displayed (IPython's outputs, each a MIME bundle): the richest format each has,
+// the plain text where it has nothing else. Returns whether the main result was shown.
+function renderOutputs(cell, outputs) {
+  const box = part(cell, "charts");
+  let shownMain = false;
+  for (const o of outputs || []) {
+    const d = o.data || {};
+    let node = null;
+    if (d["image/png"] || d["image/jpeg"]) {
+      const mime = d["image/png"] ? "image/png" : "image/jpeg";
+      node = el("img", { alt: d["text/plain"] || mime, src: `data:${mime};base64,${d[mime]}` });
+    } else if (d["image/svg+xml"]) {
+      const svg = btoa(unescape(encodeURIComponent(d["image/svg+xml"])));
+      node = el("img", { alt: "svg", src: `data:image/svg+xml;base64,${svg}` });
+    } else if (d["text/html"]) {
+      node = el("iframe", { className: "html-output", title: "HTML output" });
+      node.setAttribute("sandbox", "allow-same-origin");
+      node.setAttribute("srcdoc", `<style>body{font:13px system-ui,sans-serif;margin:4px}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}</style>${d["text/html"]}`);
+      fitFrame(node);
+    } else if (o.type !== "execute_result" && (d["text/markdown"] || d["text/plain"])) {
+      node = el("pre", { className: "display-text", textContent: d["text/markdown"] || d["text/plain"] });
+    }
+    if (node) {
+      box.append(node);
+      if (o.type === "execute_result") shownMain = true;
+    }
+  }
+  return shownMain;
+}
+
 function showResult(cell, r, streamed) {
   if (!streamed) {
     part(cell, "stdout").textContent = r.stdout;
@@ -182,8 +225,14 @@ function showResult(cell, r, streamed) {
   for (const n of (r.notes || []).concat(r.interpreter_restarted ? ["the interpreter was restarted: variables are gone"] : [])) {
     notes.append(el("div", { className: "note", textContent: "⚠ " + n }));
   }
-  for (const a of r.artifacts || []) {
-    part(cell, "charts").append(el("img", { alt: a.name, src: `data:${a.mime_type};base64,${a.data_base64}` }));
+  if (r.outputs) {
+    // a streamed cell drew its outputs as they came (`display` events); the others draw them now
+    const shownMain = streamed ? cell.shownMain : renderOutputs(cell, r.outputs);
+    if (shownMain) part(cell, "value").textContent = ""; // shown richer above
+  } else {
+    for (const a of r.artifacts || []) {
+      part(cell, "charts").append(el("img", { alt: a.name, src: `data:${a.mime_type};base64,${a.data_base64}` }));
+    }
   }
   setStatus(cell, r.timed_out ? "timed out" : `exit ${r.exit_code}`, r.ok ? "ok" : "bad");
   part(cell, "duration").textContent = `${(r.duration_seconds * 1000).toFixed(0)} ms`;
@@ -200,6 +249,7 @@ async function runCell(cell) {
   for (const name of ["stdout", "stderr", "value"]) part(cell, name).textContent = "";
   part(cell, "notes").innerHTML = "";
   part(cell, "charts").innerHTML = "";
+  cell.shownMain = false;
   part(cell, "duration").textContent = "";
   setStatus(cell, "running…", "muted");
   part(cell, "prompt").textContent = "[*]";
@@ -210,12 +260,9 @@ async function runCell(cell) {
     let result = null;
     let path;
     let body;
-    if (session && language === "python") {
+    if (session) { // every language has a stateful interpreter in a session (its default context)
       path = `/v1/sessions/${session}/cells`;
-      body = { code, timeout_seconds: timeout, stream: true };
-    } else if (session) {
-      path = `/v1/sessions/${session}/runs`;
-      body = { code, language, timeout_seconds: timeout, stdin: $("stdin").value || null, stream: true };
+      body = { code, language, timeout_seconds: timeout, stream: true };
     } else {
       path = "/v1/runs";
       body = {
@@ -225,6 +272,7 @@ async function runCell(cell) {
     }
     await sse(path, body, (kind, data) => {
       if (kind === "stdout" || kind === "stderr") part(cell, kind).textContent += data.text;
+      else if (kind === "display") cell.shownMain = renderOutputs(cell, [data]) || cell.shownMain;
       else if (kind === "result") result = data;
       else if (kind === "error") throw new Error(`${data.code}: ${data.message}`);
     }, controller.signal);
@@ -234,7 +282,7 @@ async function runCell(cell) {
     if (session) refreshFiles();
   } catch (e) {
     if (controller.signal.aborted) {
-      setStatus(cell, session && language === "python" ? "interrupted (variables kept)" : "stopped", "bad");
+      setStatus(cell, session ? "interrupted (variables kept)" : "stopped", "bad");
       part(cell, "prompt").textContent = "[!]";
     } else {
       setStatus(cell, e.message, "bad");
