@@ -112,6 +112,25 @@ def test_contexts_are_independent_and_managed(nb):
     assert nb.run_cell("shared").value == "'default'"
 
 
+def test_a_context_cannot_read_the_frames_or_another_contexts_pipes(nb):
+    """fd 0 of a context is /dev/null (the host's frames arrive on the supervisor's); a bash cell's
+    stdin is /dev/null too (it would otherwise read the cells that follow)."""
+    other = nb.create_context("python")
+    nb.run_cell("1", context=other)
+    assert nb.run_cell("import os; os.read(0, 100)").value == "b''"
+    listing = (
+        "import os\nlinks = []\nfor f in sorted(os.listdir('/proc/self/fd'), key=int):\n"
+        "    try:\n        links.append(os.readlink(f'/proc/self/fd/{f}'))\n"
+        "    except OSError:\n        pass  # the listing's own descriptor, closed by now\nlinks"
+    )
+    fds = eval(nb.run_cell(listing).value)
+    assert fds[0] == "/dev/null", fds
+    # stdout, stderr, its own cell and reply pipes: none of the other context's nor the supervisor's
+    assert sum(link.startswith("pipe:") for link in fds) <= 4, fds
+    assert nb.run_cell("cat; echo after", language="bash").stdout == "after\n"
+    nb.remove_context(other)
+
+
 def test_bash_context_keeps_its_shell(nb):
     assert nb.run_cell('cd /tmp && X=7 && f() { echo "f$1"; }', language="bash").ok
     r = nb.run_cell("pwd; echo $X; f 2", language="bash")
@@ -154,20 +173,20 @@ def test_typescript_context(runtime):
         assert bad.exit_code == 1 and bad.error is not None
 
 
-def test_a_context_that_ignores_its_interrupt_is_replaced_alone(nb):
-    nb.run_cell("survivor = 'yes'")
-    stubborn = nb.create_context("python")
-    nb.run_cell("kept = 1", context=stubborn)
-    r = nb.run_cell(
-        "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: time.sleep(0.05)",
-        context=stubborn,
-        timeout_seconds=1,
-    )
-    assert r.timed_out and r.interpreter_restarted and not r.sandbox_replaced
-    assert r.error.name == "ContextRestarted"
-    assert nb.run_cell("kept", context=stubborn).error.name == "NameError"  # a fresh interpreter
-    assert nb.run_cell("survivor").value == "'yes'"  # its sibling never noticed
-    nb.remove_context(stubborn)
+def test_a_context_that_ignores_its_interrupt_is_replaced_alone(runtime):
+    with Session(limits=SandboxLimits(runtime=runtime), ttl=600, quota="16m") as s:
+        s.run_cell("survivor = 'yes'")
+        stubborn = s.create_context("python")
+        s.run_cell("kept = 1", context=stubborn)
+        r = s.run_cell(
+            "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: time.sleep(0.05)",
+            context=stubborn,
+            timeout_seconds=1,
+        )
+        assert r.timed_out and r.interpreter_restarted and not r.sandbox_replaced
+        assert r.error.name == "ContextRestarted"
+        assert s.run_cell("kept", context=stubborn).error.name == "NameError"  # a fresh interpreter
+        assert s.run_cell("survivor").value == "'yes'"  # its sibling never noticed
 
 
 def test_a_context_killed_by_the_memory_limit_is_replaced_alone(runtime):

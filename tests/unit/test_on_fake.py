@@ -221,3 +221,32 @@ def test_the_file_store_keeps_a_damaged_record_and_removes_a_create_that_died(fa
     assert damaged.exists() and not died.exists() and fresh.exists()
     assert [r.id for r in fake.list_sessions()] == [s.id]
     s.delete()
+
+
+def test_the_session_interpreters_supervisor_on_the_fake(fake):
+    """kernel.py's own logic with no engine: contexts, languages, per-cell env, a displayed
+    output streamed in order with the prints, an interrupt that keeps the context, and a context
+    that ignores its interrupt replaced alone."""
+    with fake.create_session(quota="16m") as s:
+        seen: list[str] = []  # the order of what came, however the pipe cut it
+        r = s.run_cell(
+            "from IPython.display import display, HTML\nprint('a')\ndisplay(HTML('<b>b</b>'))\nprint('c')\n7",
+            on_output=lambda kind, data: seen.append(data.decode()),
+            on_display=lambda output: seen.append(f"[{output.data.get('text/html') or output.text}]"),
+        )
+        assert r.value == "7" and [o.type for o in r.outputs] == ["display_data", "execute_result"]
+        assert "".join(seen) == "a\n[<b>b</b>]c\n[7]"
+        assert s.run_cell("import os; os.environ.get('K')", env={"K": "v"}).value == "'v'"
+        assert s.run_cell("import os; os.environ.get('K')").value is None
+        ctx = s.create_context("bash")
+        assert s.run_cell("cd /; Y=1", context=ctx).ok
+        assert s.run_cell("echo $Y; pwd", context=ctx).stdout == "1\n/\n"
+        assert s.run_cell("1 + 1", language="javascript").value == "2"
+        slow = s.run_cell("import time; time.sleep(60)", timeout_seconds=0.5)
+        assert slow.timed_out and not slow.interpreter_restarted and slow.error.name == "KeyboardInterrupt"
+        stubborn = s.run_cell(
+            "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)", timeout_seconds=0.5
+        )
+        assert stubborn.interpreter_restarted and not stubborn.sandbox_replaced
+        assert s.run_cell("echo $Y", context=ctx).stdout == "1\n"  # its sibling kept its shell
+        assert [c.id for c in s.list_contexts()] == ["default", "default-javascript", ctx.id]

@@ -83,3 +83,23 @@ def test_a_long_end_line_is_kept_whole_across_many_reads_and_outputs_become_arti
     assert reply["execution_count"] == 3 and bytes(collector.stdout.data) == b"printed\n"
     (art,) = protocol.artifacts_of([protocol.Output(**o) for o in reply["outputs"]])
     assert art.name == "figure-1.png" and art.data.startswith(b"\x89PNG") and len(art.data) == 300_004
+
+
+def test_streamed_outputs_are_bounded_on_the_host():
+    """Code that learns its cell's nonce could stream outputs without end: past MAX_OUTPUT_BYTES
+    they are counted and dropped, and the cell still ends."""
+    import base64 as b64
+    import json as js
+
+    from sandloop.runtime import protocol
+
+    one = b64.b64encode(js.dumps({"type": "display_data", "data": {"text/plain": "x" * 1_000_000}}).encode())
+    collector = protocol.cell_collector(None, 1 << 20, "n2")
+    watch = collector._watches[protocol.STDOUT]
+    for _ in range(60):
+        collector.feed(protocol.STDOUT, protocol.OUTPUT_MARKER + b"n2:" + one + b"\n")
+    collector.feed(protocol.STDOUT, protocol.END_MARKER + b"n2:0:\n")
+    collector.feed(protocol.STDERR, protocol.END_MARKER + b"n2:0\n")
+    assert collector.exit_status == 0
+    assert watch.output_bytes <= protocol.MAX_OUTPUT_BYTES and watch.outputs_dropped > 0
+    assert len(collector.outputs) * len(one) <= protocol.MAX_OUTPUT_BYTES

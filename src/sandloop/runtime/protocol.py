@@ -141,7 +141,10 @@ class CappedStream:
 OUTPUT_MARKER = b"\0\x1esandloop-output:"
 MARKER_PREFIX = b"\0\x1esandloop-"
 #: Bytes of one marked line kept (a cell's outputs ride on them); past this its payload is lost.
-MAX_END_LINE = 64 * 1024 * 1024
+MAX_END_LINE = 32 * 1024 * 1024
+#: Bytes of streamed outputs one cell may hand the host; past this they are counted, not kept
+#: (code in the sandbox that learns its cell's nonce could otherwise stream without end).
+MAX_OUTPUT_BYTES = 32 * 1024 * 1024
 
 
 class EndWatch:
@@ -164,6 +167,8 @@ class EndWatch:
         self.status: int | None = None
         self.payload = b""
         self.outputs: list[dict[str, Any]] = []
+        self.output_bytes = 0
+        self.outputs_dropped = 0
         #: Output after the end line (a thread still printing). A one-shot run drops it with its
         #: sandbox; a session's interpreter shows it with the next cell (``Collector.reset``).
         self.after = bytearray()
@@ -222,6 +227,10 @@ class EndWatch:
             return
 
     def _display(self, line: bytes) -> None:
+        if self.output_bytes + len(line) > MAX_OUTPUT_BYTES:
+            self.outputs_dropped += 1
+            return
+        self.output_bytes += len(line)
         try:
             output = json.loads(base64.b64decode(line))
         except ValueError:
