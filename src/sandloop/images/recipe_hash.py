@@ -15,6 +15,7 @@ RUNTIME_FILES = (
     "kernel.py",
     "kernel_python.py",
     "kernel_bash.py",
+    "kernel_wire.py",
     "kernel.js",
     "egress_relay.py",
     "egress-fetch.js",

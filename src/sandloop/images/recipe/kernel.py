@@ -37,6 +37,7 @@ import time
 import traceback
 
 import launcher
+from kernel_wire import write_all
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: Seconds a context has to answer an interrupt before it is killed and replaced (the host
@@ -281,7 +282,7 @@ class Supervisor:
             if header.get(key):
                 message[key] = header[key]
         try:
-            _write_all(ctx.cmd, json.dumps(message).encode() + b"\n" + code)
+            write_all(ctx.cmd, json.dumps(message).encode() + b"\n" + code)
         except OSError:
             pass  # it died: the wait below sees the end of its reply pipe
         self.running, self.interrupted_at = ctx, None
@@ -404,15 +405,9 @@ def _end(nonce, status, reply):
     line = b"\0\x1esandloop-exit:%s:%d" % (nonce.encode(), status)
     for fd, data in ((1, line + b":" + payload + b"\n"), (2, line + b"\n")):
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
         except OSError:
             pass
-
-
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def serve():

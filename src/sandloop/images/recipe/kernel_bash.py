@@ -13,7 +13,7 @@ import shlex
 import signal
 import subprocess
 
-import kernel_python
+from kernel_wire import read_message, write_all
 
 
 def serve(cmd_fd, reply_fd):
@@ -33,7 +33,7 @@ def serve(cmd_fd, reply_fd):
     try:
         while True:
             try:
-                message, buffered = kernel_python._read_message(cmd_fd, buffered)
+                message, buffered = read_message(cmd_fd, buffered)
             except KeyboardInterrupt:
                 continue
             if message is None:
@@ -68,7 +68,7 @@ def serve(cmd_fd, reply_fd):
             reply = {"status": status, "outputs": [], "execution_count": None, "error": None}
             if status == 130:
                 reply["error"] = {"name": "KeyboardInterrupt", "value": "", "traceback": ""}
-            os.write(reply_fd, json.dumps(reply).encode() + b"\n")
+            write_all(reply_fd, json.dumps(reply).encode() + b"\n")
     finally:
         try:
             os.unlink(cell_file)

@@ -19,6 +19,7 @@ import sys
 import warnings
 
 import launcher
+from kernel_wire import read_message, write_all
 
 #: Modules the supervisor imports before forking contexts (``SANDLOOP_PRELOAD``, comma-separated,
 #: e.g. "numpy,pandas,matplotlib.pyplot"): free for every context, but resident in every session
@@ -62,7 +63,7 @@ class _Cell:
         self.outputs.append(output)
         if self.nonce:  # on its way as it is displayed, in order with what the cell prints
             line = OUTPUT_MARKER + self.nonce + b":" + base64.b64encode(json.dumps(output, default=str).encode())
-            _write_all(1, line + b"\n")
+            write_all(1, line + b"\n")
         else:
             self.kept.append(output)
 
@@ -251,30 +252,13 @@ def _patch_pil():
     image.Image.save = save
 
 
-def _read_message(fd, buffered):
-    while b"\n" not in buffered:
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return None, b""
-        buffered += chunk
-    line, _, rest = buffered.partition(b"\n")
-    header = json.loads(line)
-    size = int(header.get("code") or 0)
-    while len(rest) < size:
-        chunk = os.read(fd, max(1 << 16, size - len(rest)))
-        if not chunk:
-            return None, b""
-        rest += chunk
-    return (header, rest[:size].decode("utf-8", "replace")), rest[size:]
-
-
 def serve(cmd_fd, reply_fd, shell):
     global CELL
     sys.path[0] = os.getcwd()  # as `python3 cell.py` in the context's directory would have it
     buffered = b""
     while True:
         try:
-            message, buffered = _read_message(cmd_fd, buffered)
+            message, buffered = read_message(cmd_fd, buffered)
         except KeyboardInterrupt:
             continue  # an interrupt between cells
         if message is None:
@@ -317,10 +301,4 @@ def serve(cmd_fd, reply_fd, shell):
             if reply["value_omitted"]:
                 text = text[:MAX_VALUE_CHARS] + "... [%d characters omitted]" % reply["value_omitted"]
             reply["value"] = text
-        _write_all(reply_fd, json.dumps(reply, default=str).encode() + b"\n")
-
-
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+        write_all(reply_fd, json.dumps(reply, default=str).encode() + b"\n")

@@ -305,7 +305,7 @@ function showSession() {
   $("session-id").textContent = session || "none";
   $("delete-session").disabled = $("detach-session").disabled = !session;
   $("mode").textContent = session
-    ? `Session ${session}: Python cells share one interpreter (variables persist); node and bash cells run in /workspace.`
+    ? `Session ${session}: each language keeps one interpreter (python, node and bash variables persist); files are in /workspace.`
     : "No session: each cell runs once in a fresh sandbox, its output streaming in. Create a session to keep state and files.";
   for (const li of $("sessions").children) li.classList.toggle("current", li.dataset.id === session);
 }
