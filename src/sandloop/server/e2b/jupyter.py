@@ -65,24 +65,22 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
 
         partial = {"stdout": b"", "stderr": b""}
 
+        def put(item: dict[str, Any] | None) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
         def emit(kind: str, data: bytes) -> None:
             """Whole lines, as Jupyter's stream messages usually are (print writes a line in two)."""
             data = partial[kind] + data
             cut = data.rfind(b"\n") + 1
             partial[kind] = data[cut:]
             if cut:
-                text = data[:cut].decode("utf-8", "replace")
-                loop.call_soon_threadsafe(queue.put_nowait, {"type": kind, "text": text, "timestamp": _now()})
-
-        def put(item: dict[str, Any]) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+                put({"type": kind, "text": data[:cut].decode("utf-8", "replace"), "timestamp": _now()})
 
         def flush() -> None:
             for kind, rest in partial.items():
                 if rest:
                     partial[kind] = b""
-                    text = rest.decode("utf-8", "replace")
-                    loop.call_soon_threadsafe(queue.put_nowait, {"type": kind, "text": text, "timestamp": _now()})
+                    put({"type": kind, "text": rest.decode("utf-8", "replace"), "timestamp": _now()})
 
         streamed: list[Output] = []
 
@@ -121,33 +119,29 @@ def jupyter_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) ->
                     put(e2b_result(output.data, output.is_main_result))
                 if result.error is not None:
                     err = result.error
-                    loop.call_soon_threadsafe(
-                        queue.put_nowait,
-                        {"type": "error", "name": err.name, "value": err.value, "traceback": err.traceback},
-                    )
+                    put({"type": "error", "name": err.name, "value": err.value, "traceback": err.traceback})
                 elif result.interpreter_restarted:
-                    loop.call_soon_threadsafe(
-                        queue.put_nowait,
+                    why = (
+                        f"the interpreter reached the {result.limits.memory} memory limit"
+                        if result.oom_killed
+                        else "the interpreter was killed (or ignored its interrupt)"
+                    )
+                    put(
                         {
                             "type": "error",
                             "name": "InterpreterRestarted",
-                            "value": (
-                                f"the interpreter reached the {result.limits.memory} memory limit"
-                                if result.oom_killed
-                                else "the interpreter was killed (or ignored its interrupt)"
-                            )
-                            + " and was restarted; its state is gone",
+                            "value": why + " and was restarted; its state is gone",
                             "traceback": "",
-                        },
+                        }
                     )
-                loop.call_soon_threadsafe(queue.put_nowait, {"type": "end_of_execution"})
+                put({"type": "end_of_execution"})
             except Exception as exc:  # noqa: BLE001 - reported in the stream
                 if e2b.gone(box.sandbox_id):
                     put(_KILLED)
                     return
                 put({"type": "error", "name": type(exc).__name__, "value": str(exc), "traceback": ""})
             finally:
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+                put(None)
 
         async def lines() -> AsyncIterator[bytes]:
             worker = asyncio.ensure_future(run_in_threadpool(work))
