@@ -467,8 +467,7 @@ def cell_result(
     exit_code = -1 if timed_out else status if status is not None else 137 if oom_killed else 1
     reply = cell_reply(collector)
     value, omitted, error = reply.get("value"), int(reply.get("value_omitted") or 0), None
-    streamed = collector.outputs if collector.exit_status is not None or collector.outputs else []
-    outputs = [Output(**o) for o in [*streamed, *(reply.get("outputs") or ())] if isinstance(o, dict)]
+    outputs = [Output(**o) for o in [*collector.outputs, *(reply.get("outputs") or ())] if isinstance(o, dict)]
     if isinstance(reply.get("error"), dict):
         error = CellError(**reply["error"])
     return CellResult(

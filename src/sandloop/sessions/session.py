@@ -306,32 +306,38 @@ class Session:
     def create_context(self, language: str = "python", cwd: str | None = None) -> CodeContext:
         """A new independent interpreter in this session's sandbox (``cwd`` defaults to the
         workspace). Its state is its own; files are shared."""
-        options = self._cell_options(None, language, None)
         if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
             raise InvalidArgument(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
-        result = self._kernel.run("", 30, self.limits, None, None, None, False, {"op": "create", "cwd": cwd, **options})
-        return CodeContext(**self._op_reply(result, "creating a context")["context"])
+        reply = self._context_op("create", "creating a context", language=language, cwd=cwd)
+        return CodeContext(**reply["context"])
 
     def list_contexts(self) -> builtins.list[CodeContext]:
         """The session's contexts: the default Python and JavaScript ones, then those created."""
-        options = self._cell_options(None, None, None)
-        result = self._kernel.run("", 30, self.limits, None, None, None, False, {"op": "list", **options})
-        return [CodeContext(**c) for c in self._op_reply(result, "listing contexts")["contexts"]]
+        return [CodeContext(**c) for c in self._context_op("list", "listing contexts")["contexts"]]
 
     def restart_context(self, context: str | CodeContext) -> CodeContext:
         """Replace a context's interpreter by a fresh one (its variables are gone)."""
-        options = self._cell_options(context, None, None)
-        result = self._kernel.run("", 30, self.limits, None, None, None, False, {"op": "restart", **options})
-        return CodeContext(**self._op_reply(result, "restarting a context")["context"])
+        return CodeContext(**self._context_op("restart", "restarting a context", context=context)["context"])
 
     def remove_context(self, context: str | CodeContext) -> None:
         """End a context. A default one comes back, fresh, when next used."""
-        options = self._cell_options(context, None, None)
-        result = self._kernel.run("", 30, self.limits, None, None, None, False, {"op": "remove", **options})
-        self._op_reply(result, "removing a context")
+        self._context_op("remove", "removing a context", context=context)
+
+    def _context_op(
+        self,
+        op: str,
+        what: str,
+        *,
+        context: str | CodeContext | None = None,
+        language: str | None = None,
+        cwd: str | None = None,
+    ) -> dict[str, Any]:
+        """One operation on the interpreter's contexts (kernel.py's ``op`` frames): its reply."""
+        self._live()
+        options = {"op": op, "cwd": cwd, **self._cell_options(context, language, None)}
+        return self._op_reply(self._kernel.run("", 30, self.limits, None, None, None, False, options), what)
 
     def _op_reply(self, result: CellResult, op: str) -> dict[str, Any]:
-        self._store.touch(self._record)
         if result.error is not None:
             if result.error.name == "ContextNotFound":
                 raise ContextNotFound(f"{result.error.value}; list them with Session.list_contexts()")
