@@ -16,6 +16,10 @@ from sandloop import SandboxLimits
 
 REQUIRE_DOCKER = os.environ.get("SANDLOOP_REQUIRE_DOCKER") == "1"
 HERE = Path(__file__).parent
+# Warm sessions (a Docker container with pandas imported, made in the background after the first
+# session of each kind) are off in tests, and in the servers they start, unless a test asks for
+# them: tests/integration/test_warm_sessions.py.
+os.environ.setdefault("SANDLOOP_SESSION_POOL_SIZE", "0")
 
 
 def _missing(reason: str) -> None:

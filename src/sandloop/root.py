@@ -28,6 +28,7 @@ from sandloop.pool.dispatcher import Dispatcher
 from sandloop.pool.reaper import Reaped, reap
 from sandloop.requests import build_request
 from sandloop.runtime.base import BackendInfo, FullBackend
+from sandloop.sessions.reserve import Reserves
 from sandloop.sessions.store import SessionRecord, SessionStore
 from sandloop.settings import Settings
 
@@ -58,6 +59,8 @@ class Sandloop:
         self.backend: FullBackend = backend or self.settings.build_backend(node_root)
         self.dispatcher = Dispatcher(self.backend, self.settings)
         self.sessions = SessionStore(self.backend, self.settings.home)
+        #: Warm sessions (``Settings.session_pool_size``), in the dispatcher's pools.
+        self.reserves = Reserves(self)
         #: The runtime image sandboxes start from.
         self.image = self.settings.runtime_image()
         self._closed = False

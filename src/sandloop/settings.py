@@ -154,6 +154,13 @@ class Settings(BaseSettings):
         300, gt=0, description="A pool unused this long is emptied; a pooled sandbox this old is replaced."
     )
     pool_max_keys: int = Field(4, ge=1, le=64, description="Most distinct (image, limits) pools kept at once.")
+    session_pool_size: int = Field(
+        1,
+        ge=0,
+        le=16,
+        description="Warm sessions kept per (limits, quota), their interpreter started with numpy, pandas and "
+        "matplotlib imported; 0 disables them. Idle as long as pool_idle_seconds, like warm sandboxes.",
+    )
     max_running: int = Field(32, ge=1, le=4096, description="Most sandboxes running code at once.")
     max_creating: int = Field(4, ge=1, le=256, description="Most container creations in flight at once.")
     queue_wait_seconds: float = Field(30, ge=0, description="Longest a run waits for a slot before SandboxBusy.")

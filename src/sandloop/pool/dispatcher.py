@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import logging
 import threading
 import time
@@ -19,8 +20,9 @@ from typing import Any, Protocol
 
 from sandloop.contract import ExecutionResult, ImageMissing, InvalidLimits, RuntimeUnavailable
 from sandloop.pool.admission import Admission
-from sandloop.pool.warm import WarmPool
+from sandloop.pool.warm import PoolBackend, WarmPool
 from sandloop.runtime.base import Backend, Housekeeping, RunRequest, Sandbox, SandboxSpec
+from sandloop.runtime.labels import LABEL_PREFIX
 from sandloop.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -90,17 +92,18 @@ class Dispatcher:
             finally:
                 self.destroy_later(sandbox)
 
-    def destroy_later(self, sandbox: Sandbox) -> None:
+    def destroy_later(self, sandbox: Sandbox, destroy: Callable[[Any], None] | None = None) -> None:
+        """``destroy(sandbox)`` (the backend's by default) on a background thread."""
         with self._pending_cond:
             self._pending += 1
         try:
-            self._destroyer.submit(self._destroy_now, sandbox)
+            self._destroyer.submit(self._destroy_now, sandbox, destroy)
         except RuntimeError:  # shutting down: do it now
-            self._destroy_now(sandbox)
+            self._destroy_now(sandbox, destroy)
 
-    def _destroy_now(self, sandbox: Sandbox) -> None:
+    def _destroy_now(self, sandbox: Sandbox, destroy: Callable[[Any], None] | None = None) -> None:
         try:
-            self.backend.destroy(sandbox)
+            (destroy or self.backend.destroy)(sandbox)
         finally:
             with self._pending_cond:
                 self._pending -= 1
@@ -129,8 +132,15 @@ class Dispatcher:
         return {sid for pool in pools for sid in pool.ready_ids()}
 
     # -- pools --------------------------------------------------------------------------------
-    def pool_for(self, spec: SandboxSpec, create: bool = True, size: int | None = None) -> WarmPool | None:
-        size = self.settings.pool_size if size is None else min(size, self.settings.pool_size)
+    def pool_for(
+        self, spec: SandboxSpec, create: bool = True, size: int | None = None, maker: PoolBackend | None = None
+    ) -> WarmPool | None:
+        """The pool of ``spec`` (made with ``create``). ``maker``: what makes its members, when
+        they are not the backend's sandboxes (warm sessions: ``sessions/reserve.py``), whose
+        ``size`` is then its own, not capped by ``pool_size``."""
+        if maker is None:
+            size = self.settings.pool_size if size is None else min(size, self.settings.pool_size)
+        size = size or 0
         if size <= 0 or self._closed:
             return None
         with self._lock:
@@ -140,14 +150,17 @@ class Dispatcher:
                 return pool
             if not create:
                 return None
+            destroy = (
+                self.destroy_later if maker is None else functools.partial(self.destroy_later, destroy=maker.destroy)
+            )
             pool = WarmPool(
-                self.backend,
+                maker or self.backend,
                 spec,
                 size=size,
                 refill_concurrency=self.settings.pool_refill_concurrency,
                 idle_seconds=self.settings.pool_idle_seconds,
                 admission=self.admission,
-                destroy=self.destroy_later,
+                destroy=destroy,
             )
             self._pools[spec] = pool
             evicted = self._pools.popitem(last=False)[1] if len(self._pools) > self.settings.pool_max_keys else None
@@ -172,10 +185,7 @@ class Dispatcher:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            pools = {
-                f"{spec.image} {spec.limits.runtime} {spec.limits.memory}": p.snapshot()
-                for spec, p in self._pools.items()
-            }
+            pools = {_pool_name(spec): p.snapshot() for spec, p in self._pools.items()}
         return {
             "cold_runs": self.cold_runs,
             "warm_runs": self.warm_runs,
@@ -232,3 +242,11 @@ class Dispatcher:
         if not [d for d in live_dispatchers() if d.backend is self.backend]:
             # the last user of this backend is going: nothing it made may outlive it
             self.backend.sweep_orphans(min_age=0)
+
+
+def _pool_name(spec: SandboxSpec) -> str:
+    """How stats and metrics name a pool: its image and limits (and what it holds, when it holds
+    warm sessions rather than sandboxes for runs)."""
+    name = f"{spec.image} {spec.limits.runtime} {spec.limits.memory}"
+    held = dict(spec.labels).get(f"{LABEL_PREFIX}purpose")
+    return f"{held}: {name}" if held else name

@@ -20,9 +20,31 @@ from typing import Any
 from sandloop.contract import CellResult, SandboxLimits
 from sandloop.contract.egress import Secret
 from sandloop.runtime.base import Backend, Sandbox, SandboxSpec
+from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
+from sandloop.sessions.store import HOME_DIR, WORKSPACE, SessionRecord
 
 #: Seconds an interrupted cell has to return before its interpreter is replaced.
 INTERRUPT_GRACE_SECONDS = 3.0
+
+
+def interpreter_spec(record: SessionRecord, *, kernel: bool = True, preload: tuple[str, ...] = ()) -> SandboxSpec:
+    """A session's sandbox: its interpreter (``kernel``, lives as long as the session, whichever
+    process started it) or a single-use run, both with the workspace at /workspace and /home/user.
+    ``preload``: modules the interpreter imports before its first cell (a warm session's)."""
+    labels: list[tuple[str, str]] = [(SESSION_LABEL, record.id)]
+    if kernel:
+        labels += [(f"{LABEL_PREFIX}owner", f"session:{record.id}"), (f"{LABEL_PREFIX}expires", "inf")]
+    command: tuple[str, ...] = ()
+    if kernel:
+        command = ("--kernel", "--preload=" + ",".join(preload)) if preload else ("--kernel",)
+    return SandboxSpec(
+        record.image,
+        SandboxLimits(**record.limits).for_container(),
+        cwd=WORKSPACE,
+        labels=tuple(labels),
+        volumes=((record.volume, WORKSPACE), (record.volume, HOME_DIR)),
+        command=command,
+    )
 
 
 class Kernel:
@@ -45,6 +67,10 @@ class Kernel:
                 yield
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    def adopt(self, sandbox: Sandbox) -> None:
+        """Use this running interpreter (a warm session's) for the next cell."""
+        self._sandbox = sandbox
 
     def _connect(self) -> Sandbox:
         if self._sandbox is not None and self.backend.is_alive(self._sandbox):
@@ -112,4 +138,4 @@ def lock_file(directory: Path) -> Path:
     return path
 
 
-__all__ = ["Kernel", "lock_file"]
+__all__ = ["Kernel", "interpreter_spec", "lock_file"]

@@ -46,10 +46,9 @@ from sandloop.contract import (
 )
 from sandloop.contract.egress import Secret
 from sandloop.requests import build_request, check_secrets, check_timeout
-from sandloop.runtime.base import SandboxSpec
-from sandloop.runtime.labels import LABEL_PREFIX
-from sandloop.sessions.kernel import Kernel, lock_file
-from sandloop.sessions.store import HOME_DIR, SESSION_LABEL, WORKSPACE, SessionRecord
+from sandloop.runtime.base import Sandbox, SandboxSpec
+from sandloop.sessions.kernel import Kernel, interpreter_spec, lock_file
+from sandloop.sessions.store import SESSION_LABEL, WORKSPACE, SessionRecord
 
 if TYPE_CHECKING:
     from sandloop.root import Sandloop
@@ -107,6 +106,7 @@ class Session:
         from sandloop.root import default_root
 
         created_here = _record is None
+        warm: Sandbox | None = None
         self._root = root or default_root()
         self._dispatcher = self._root.dispatcher
         self._store = self._root.sessions
@@ -128,13 +128,19 @@ class Session:
             if not MIN_QUOTA_BYTES <= quota_bytes <= MAX_QUOTA_BYTES:
                 raise InvalidArgument(f"quota must be between 8m and 64g, got {quota!r}")
             self._store.reap_expired()
-            _record = self._store.create(
-                ttl_seconds=float(ttl),
-                quota_bytes=quota_bytes,
-                image=self._root.image,
-                limits=limits.model_dump(),
-                owner_uid_gid=limits.user if ":" in limits.user else f"{limits.user}:{limits.user}",
-            )
+            owner = limits.user if ":" in limits.user else f"{limits.user}:{limits.user}"
+            reserve = self._root.reserves.take(limits, quota_bytes, owner)
+            if reserve is not None:  # a warm one: its interpreter is started, pandas imported
+                _record = self._store.claim(reserve.record, float(ttl))
+                warm = reserve.sandbox
+            else:
+                _record = self._store.create(
+                    ttl_seconds=float(ttl),
+                    quota_bytes=quota_bytes,
+                    image=self._root.image,
+                    limits=limits.model_dump(),
+                    owner_uid_gid=owner,
+                )
         self._record = _record
         self.limits = SandboxLimits(**_record.limits)
         self._closed = False
@@ -151,6 +157,8 @@ class Session:
             lock_file(self._store.root / self.id),
             lifetime=_record.ttl_seconds,
         )
+        if warm is not None:
+            self._kernel.adopt(warm)
 
     # -- identity -------------------------------------------------------------------------------
     @classmethod
@@ -190,17 +198,7 @@ class Session:
         return self._record
 
     def _spec(self, kernel: bool = False) -> SandboxSpec:
-        labels: list[tuple[str, str]] = [(SESSION_LABEL, self.id)]
-        if kernel:  # lives as long as the session, whichever process started it
-            labels += [(f"{LABEL_PREFIX}owner", f"session:{self.id}"), (f"{LABEL_PREFIX}expires", "inf")]
-        return SandboxSpec(
-            self._record.image,
-            self.limits.for_container(),
-            cwd=WORKSPACE,
-            labels=tuple(labels),
-            volumes=((self._record.volume, WORKSPACE), (self._record.volume, HOME_DIR)),
-            command=("--kernel",) if kernel else (),
-        )
+        return interpreter_spec(self._record, kernel=kernel)
 
     def _live(self) -> None:
         if self._closed:

@@ -18,14 +18,14 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from sandloop.contract import HostDiskFull, SandboxError, SessionNotFound
 from sandloop.paths import default_home
 from sandloop.runtime.base import Housekeeping, WorkspaceRef, Workspaces
-from sandloop.runtime.labels import SESSION_LABEL
+from sandloop.runtime.labels import SESSION_LABEL, owner_alive
 
 WORKSPACE = "/workspace"
 #: The workspace is mounted here too: where code written for E2B's sandboxes keeps its files.
@@ -64,6 +64,9 @@ class SessionRecord:
     volume: str
     image: str
     limits: dict[str, Any]
+    #: A warm session nobody has yet (``sessions/reserve.py``): the owner id of the process that
+    #: keeps it. Nobody lists or attaches to it; it is removed when that process is gone.
+    reserved_by: str = ""
 
     @property
     def expires_at(self) -> float:
@@ -100,7 +103,7 @@ class SessionStore:
 
     def load(self, session_id: str) -> SessionRecord:
         record = self._read(session_id)
-        if record is None:
+        if record is None or record.reserved_by:
             raise SessionNotFound(f"no session {session_id}: it was deleted or expired")
         if record.expires_at < time.time():
             self.delete(session_id)
@@ -158,7 +161,7 @@ class SessionStore:
         """The live sessions (one found expired is removed on the way, as ``load`` does)."""
         out = []
         for record in self._all().values():
-            if record is None:
+            if record is None or record.reserved_by:
                 continue
             if record.expires_at < time.time():
                 self.delete(record.id)
@@ -168,8 +171,17 @@ class SessionStore:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def create(
-        self, *, ttl_seconds: float, quota_bytes: int, image: str, limits: dict[str, Any], owner_uid_gid: str
+        self,
+        *,
+        ttl_seconds: float,
+        quota_bytes: int,
+        image: str,
+        limits: dict[str, Any],
+        owner_uid_gid: str,
+        reserved_by: str = "",
     ) -> SessionRecord:
+        """A new session's record and workspace; ``reserved_by``: a warm session kept by that
+        process until ``claim``."""
         session_id = "s-" + secrets.token_hex(6)
         d = self._dir(session_id)
         d.mkdir(parents=True, mode=0o700)
@@ -177,13 +189,20 @@ class SessionStore:
             ref = self.backend.create_workspace(session_id, quota_bytes, owner_uid_gid)
             now = time.time()
             record = SessionRecord(
-                session_id, now, now, ttl_seconds, quota_bytes, ref.quota_enforced, ref.name, image, limits
+                session_id, now, now, ttl_seconds, quota_bytes, ref.quota_enforced, ref.name, image, limits, reserved_by
             )
             self.save(record)
             return record
         except BaseException:
             self.delete(session_id)
             raise
+
+    def claim(self, record: SessionRecord, ttl_seconds: float) -> SessionRecord:
+        """A warm session made someone's: from now on it is a session like any other."""
+        now = time.time()
+        claimed = replace(record, created=now, last_used=now, ttl_seconds=ttl_seconds, reserved_by="")
+        self.save(claimed)
+        return claimed
 
     def ensure_workspace(self, record: SessionRecord) -> None:
         """After a host reboot a workspace may need remounting: the backend knows."""
@@ -203,14 +222,15 @@ class SessionStore:
             shutil.rmtree(d, ignore_errors=True)
 
     def reap_expired(self, now: float | None = None) -> builtins.list[str]:
-        """Delete every session idle past its TTL; return their ids. Also a directory here with
+        """Delete every session idle past its TTL, and warm sessions whose keeper is gone; return
+        their ids. Also a directory here with
         no record anywhere for an hour: a create that died half-way (or, with shared records, a
         session another host deleted)."""
         now = time.time() if now is None else now
         gone: builtins.list[str] = []
         records = self._all()
         for session_id, record in records.items():
-            if record is not None and record.expires_at < now:
+            if record is not None and (record.expires_at < now or owner_alive(record.reserved_by) is False):
                 self.delete(session_id)
                 gone.append(session_id)
         if self.root.is_dir():

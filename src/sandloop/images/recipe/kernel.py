@@ -84,6 +84,9 @@ class Context:
         self.pid = None
         self.cmd = self.reply = None
         self.buffer = b""
+        #: Started, and no cell run yet: it can still move to another cwd (``adopt_default_cwd``).
+        self.fresh = False
+        self.moved = False
 
     def describe(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -141,6 +144,7 @@ class Context:
         os.close(cmd_r)
         os.close(reply_w)
         self.cmd, self.reply, self.buffer = cmd_w, reply_r, b""
+        self.fresh, self.moved = True, False
 
     def stop(self):
         if self.pid is not None:
@@ -211,8 +215,9 @@ class Supervisor:
         if isinstance(cwd, str) and os.path.isabs(cwd) and os.path.isdir(cwd):
             self.cwd = cwd
             for cid, ctx in self.contexts.items():
-                if cid.startswith("default") and not ctx.alive:
+                if cid.startswith("default") and ctx.cwd != cwd and (not ctx.alive or ctx.fresh):
                     ctx.cwd = cwd
+                    ctx.moved = ctx.alive  # a warm one: its first cell moves there
 
     # -- operations ----------------------------------------------------------------------------
     def context_for(self, header):
@@ -273,6 +278,25 @@ class Supervisor:
     def list(self, header):
         return {"contexts": [c.describe() for c in self.contexts.values()]}
 
+    def warm(self, header):
+        """Start the default Python context and let it pay its first cell's one-time costs (a
+        warm session, before anyone has it: ``sessions/reserve.py``). Then list the contexts."""
+        ctx = self.contexts[DEFAULTS["python"]]
+        if not ctx.alive:
+            ctx.start(self.preloaded, self.pipes(ctx))
+        try:
+            write_all(ctx.cmd, json.dumps({"code": 0, "warmup": True}).encode() + b"\n")
+        except OSError:
+            pass
+        self.running, self.interrupted_at = ctx, None
+        try:
+            reply = self.wait(ctx)
+        finally:
+            self.running, self.interrupted_at = None, None
+        if reply.get("error"):
+            raise Refused(reply["error"]["name"], reply["error"]["value"])
+        return self.list(header)
+
     def cell(self, header, code):
         ctx = self.context_for(header)
         if not ctx.alive:
@@ -281,6 +305,9 @@ class Supervisor:
         for key in ("env", "ca", "nonce"):
             if header.get(key):
                 message[key] = header[key]
+        if ctx.moved:
+            message["chdir"] = ctx.cwd
+        ctx.fresh = ctx.moved = False
         try:
             write_all(ctx.cmd, json.dumps(message).encode() + b"\n" + code)
         except OSError:
@@ -339,7 +366,7 @@ class Supervisor:
                 if op == "cell":
                     reply = self.cell(header, code)
                     status = int(reply.pop("status", 0))
-                elif op in ("create", "restart", "remove", "list"):
+                elif op in ("create", "restart", "remove", "list", "warm"):
                     reply = getattr(self, op)(header)
                 else:
                     raise Refused("InvalidArgument", "unknown operation %r" % (op,))
@@ -410,7 +437,9 @@ def _end(nonce, status, reply):
             pass
 
 
-def serve():
+def serve(args=()):
+    """``args``: ``--preload=a,b`` imports those modules too before any context starts (a warm
+    session's interpreter: ``sessions/reserve.py``)."""
     # A process started with SIGINT ignored (a background job's child, as the test double's
     # interpreters can be) would never see the host's interrupt: take it back.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -418,7 +447,8 @@ def serve():
     sys.stdin = open(os.devnull)  # noqa: SIM115 - fd 0 carries the cells
     import kernel_python
 
-    preloaded = kernel_python.preload()
+    extra = [a.split("=", 1)[1] for a in args if a.startswith("--preload=")]
+    preloaded = kernel_python.preload(tuple(m for v in extra for m in v.split(",") if m))
     Supervisor(preloaded).serve()
 
 

@@ -24,7 +24,9 @@ from kernel_wire import read_message, write_all
 #: Modules the supervisor imports before forking contexts (``SANDLOOP_PRELOAD``, comma-separated,
 #: e.g. "numpy,pandas,matplotlib.pyplot"): free for every context, but resident in every session
 #: (measured: pandas + matplotlib + PIL take a session from 43 to 104 MiB, past a 128m runsc
-#: sandbox's room). None by default; a cell's first ``import pandas`` then costs what it costs.
+#: sandbox's room). PIL.Image by default, so a cold session's first ``import pandas`` costs what it
+#: costs; a warm session's interpreter (``sessions/reserve.py``) adds numpy, pandas and pyplot
+#: (``--kernel --preload=...``) while it waits, off the caller's path.
 PRELOAD = tuple(m for m in os.environ.get("SANDLOOP_PRELOAD", "PIL.Image").split(",") if m.strip())
 #: matplotlib, whenever a cell imports it, draws inline: figures are displayed at the cell's end.
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
@@ -87,10 +89,11 @@ def _flush():
             pass
 
 
-def preload():
-    """Import what every context should have, and build the shell they fork with."""
+def preload(extra=()):
+    """Import what every context should have (``PRELOAD``, then ``extra``), and build the shell
+    they fork with."""
     os.environ["MPLBACKEND"] = INLINE_BACKEND
-    for name in PRELOAD:
+    for name in PRELOAD + tuple(extra):
         try:
             __import__(name)
         except Exception:  # the test double's host may lack one: then a cell imports it
@@ -252,6 +255,23 @@ def _patch_pil():
     image.Image.save = save
 
 
+def _warm_up(shell):
+    """What a context's first cell pays once (IPython's input transformers and compiler, pandas'
+    HTML formatting and lazy imports), paid ahead: a warm session's context does this before its
+    first cell (``op: warm``). Silent and outside the history: no output, no execution count, no
+    name left in the user's namespace."""
+    global CELL
+    CELL = _Cell()
+    try:
+        shell.run_cell("None", store_history=False, silent=True)
+        pandas = sys.modules.get("pandas")
+        if pandas is not None:
+            shell.display_formatter.format(pandas.DataFrame({"a": range(3)}))
+    except Exception:
+        pass
+    CELL = _Cell()
+
+
 def serve(cmd_fd, reply_fd, shell):
     global CELL
     sys.path[0] = os.getcwd()  # as `python3 cell.py` in the context's directory would have it
@@ -264,6 +284,13 @@ def serve(cmd_fd, reply_fd, shell):
         if message is None:
             return
         header, code = message
+        if header.get("warmup"):
+            _warm_up(shell)
+            write_all(reply_fd, json.dumps({"status": 0, "warm": True}).encode() + b"\n")
+            continue
+        if header.get("chdir"):  # a warm session's default context, moved before its first cell
+            os.chdir(header["chdir"])
+            sys.path[0] = os.getcwd()
         env = header.get("env") or {}
         saved = {name: os.environ.get(name) for name in env}
         os.environ.update(env)  # for this cell only: secrets' placeholders, E2B's envs

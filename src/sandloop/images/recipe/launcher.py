@@ -181,11 +181,11 @@ if __name__ == "__main__":
         import egress_relay
 
         egress_relay.start()
-    if sys.argv[1:] == ["--kernel"]:  # a session's stateful interpreter: see kernel.py
+    if sys.argv[1:2] == ["--kernel"]:  # a session's stateful interpreter: see kernel.py
         sys.modules["launcher"] = sys.modules["__main__"]
         import kernel
 
-        kernel.serve()
+        kernel.serve(sys.argv[2:])
         sys.exit(0)
     try:
         job = main()

@@ -1,0 +1,199 @@
+"""Warm sessions: a session's first cell at the speed of a later one (issue 22).
+
+A cold session pays for its interpreter's start (the container, Python, IPython) and then for
+its first ``import pandas``: about a second together. A *reserve* is a whole session made ahead
+of time, off the caller's path: its record, its workspace, and its interpreter started with
+numpy, pandas and matplotlib's pyplot imported (``--kernel --preload=...``; every context forks
+from a supervisor that holds them). ``Session.create`` takes one whose limits, quota and image
+are the ones asked for, and claims it: the record becomes an ordinary session's, with the
+caller's TTL, and the interpreter is the session's from its first cell. Single-use, like the run
+pool: a reserve serves exactly one session, and nothing of it existed before its session did
+but the imports.
+
+The pools are the dispatcher's (``pool/warm.py``: refills under the admission control's creation
+bound, idle expiry, closing at shutdown); this module is what makes and removes their members
+(``ReserveMaker``: the ``PoolBackend`` of one key). A reserve's record says ``reserved_by`` (the
+owner id of the process keeping it): nobody lists it or attaches to it, and the session reaper
+removes it once that process is gone (``SessionStore.reap_expired``). Sessions with an egress
+allowlist are never reserved (their proxy is set up with their secrets), nor are sessions whose
+memory cannot hold the imports (below ``MIN_MEMORY``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sandloop.contract import SandboxError, SandboxLimits
+from sandloop.runtime.base import Sandbox, SandboxSpec
+from sandloop.runtime.labels import LABEL_PREFIX, owner_id
+from sandloop.sessions.kernel import interpreter_spec
+from sandloop.sessions.store import SessionRecord
+
+if TYPE_CHECKING:
+    from sandloop.root import Sandloop
+
+log = logging.getLogger(__name__)
+
+#: What a reserve's interpreter imports while it waits.
+PRELOAD = ("numpy", "pandas", "matplotlib.pyplot")
+#: The imports take ~60 MiB more than a bare interpreter (docs/benchmarks.md): below this memory
+#: limit a session is not reserved (its interpreter would have too little room left).
+MIN_MEMORY = 256 * 1024 * 1024
+#: A reserve's record outlives the pool's idle time by this (the pool replaces it before).
+RECORD_MARGIN_SECONDS = 120
+#: After this many failed starts in a row, a key gets no reserves (e.g. an image without pandas).
+MAX_FAILURES = 3
+
+
+@dataclass(eq=False)
+class Reserve:
+    """A warm session: its record and its started interpreter."""
+
+    record: SessionRecord
+    sandbox: Sandbox
+
+    @property
+    def id(self) -> str:  # the interpreter's: what the pool lists (a leak check's pooled ids)
+        return self.sandbox.id
+
+    @property
+    def started_at(self) -> float:
+        return self.sandbox.started_at
+
+
+@dataclass(frozen=True)
+class ReserveKey:
+    image: str
+    limits: SandboxLimits
+    quota_bytes: int
+    owner_uid_gid: str
+
+    @property
+    def spec(self) -> SandboxSpec:
+        """The pool's key: the interpreter's spec, less what is a session's own."""
+        return SandboxSpec(
+            self.image,
+            self.limits,
+            labels=(
+                (f"{LABEL_PREFIX}purpose", "reserve"),
+                (f"{LABEL_PREFIX}quota", str(self.quota_bytes)),
+                (f"{LABEL_PREFIX}workspace-owner", self.owner_uid_gid),
+            ),
+            command=("--kernel", f"--preload={','.join(PRELOAD)}"),
+        )
+
+
+class ReserveMaker:
+    """The ``PoolBackend`` of one key's reserves."""
+
+    def __init__(self, root: Sandloop, key: ReserveKey, reserves: Reserves) -> None:
+        self.root = root
+        self.key = key
+        self.reserves = reserves
+
+    def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> Reserve:
+        store, backend = self.root.sessions, self.root.backend
+        record = store.create(
+            ttl_seconds=lifetime_seconds + RECORD_MARGIN_SECONDS,
+            quota_bytes=self.key.quota_bytes,
+            image=self.key.image,
+            limits=self.key.limits.model_dump(),
+            owner_uid_gid=self.key.owner_uid_gid,
+            reserved_by=owner_id(),
+        )
+        sandbox: Sandbox | None = None
+        try:
+            sandbox = backend.launch(
+                interpreter_spec(record, preload=PRELOAD), purpose="kernel", lifetime_seconds=record.ttl_seconds
+            )
+            # The supervisor answers once its imports are done and its default context has paid
+            # its first cell's one-time costs: then the reserve is warm.
+            reply = backend.run_cell(
+                sandbox, "", limits=self.key.limits, interrupt_after=120, grace=3, options={"op": "warm"}
+            )
+            if reply.error is not None or reply.timed_out or reply.sandbox_replaced or "contexts" not in reply.reply:
+                raise SandboxError(f"a warm session's interpreter did not start: {reply.stderr.strip()[-300:]}")
+        except BaseException:
+            if sandbox is not None:
+                backend.destroy(sandbox)
+            store.delete(record.id)
+            self.reserves.failed(self.key)
+            raise
+        self.reserves.started(self.key)
+        return Reserve(record, sandbox)
+
+    def is_alive(self, reserve: Sandbox) -> bool:
+        assert isinstance(reserve, Reserve)
+        return self.root.backend.is_alive(reserve.sandbox)
+
+    def destroy(self, reserve: Sandbox) -> None:
+        assert isinstance(reserve, Reserve)
+        self.root.backend.destroy(reserve.sandbox)
+        self.root.sessions.delete(reserve.record.id)
+
+
+class Reserves:
+    """A root's warm sessions, by key (``Settings.session_pool_size`` of each)."""
+
+    def __init__(self, root: Sandloop) -> None:
+        self.root = root
+        self._lock = threading.Lock()
+        self._failures: dict[ReserveKey, int] = {}
+        self.claimed = 0
+
+    def eligible(self, limits: SandboxLimits) -> bool:
+        return (
+            self.root.settings.session_pool_size > 0
+            and not limits.egress
+            and limits.memory_bytes >= MIN_MEMORY
+            and limits.memory_swap_bytes >= MIN_MEMORY
+        )
+
+    def take(self, limits: SandboxLimits, quota_bytes: int, owner_uid_gid: str) -> Reserve | None:
+        """A warm session of exactly these limits and quota, or None (then the caller makes a
+        cold one). The first call for a key starts its pool and returns None: a reserve takes
+        longer to start than a cold session."""
+        if not self.eligible(limits):
+            return None
+        key = ReserveKey(self.root.image, limits, quota_bytes, owner_uid_gid)
+        with self._lock:
+            if self._failures.get(key, 0) >= MAX_FAILURES:
+                return None
+        pool = self.root.dispatcher.pool_for(
+            key.spec, size=self.root.settings.session_pool_size, maker=ReserveMaker(self.root, key, self)
+        )
+        if pool is None:
+            return None
+        reserve = pool.take(wait_seconds=0)
+        if reserve is None:
+            return None
+        assert isinstance(reserve, Reserve)
+        with self._lock:
+            self.claimed += 1
+        return reserve
+
+    def prewarm(self, limits: SandboxLimits, quota_bytes: int, owner_uid_gid: str, timeout: float = 120) -> bool:
+        """Start the key's pool and wait until it is full (benchmarks, tests, ``serve``)."""
+        if not self.eligible(limits):
+            return False
+        key = ReserveKey(self.root.image, limits, quota_bytes, owner_uid_gid)
+        pool = self.root.dispatcher.pool_for(
+            key.spec, size=self.root.settings.session_pool_size, maker=ReserveMaker(self.root, key, self)
+        )
+        return pool is not None and pool.wait_ready(timeout)
+
+    def failed(self, key: ReserveKey) -> None:
+        with self._lock:
+            self._failures[key] = n = self._failures.get(key, 0) + 1
+        if n >= MAX_FAILURES:
+            log.warning("no more warm sessions for %s: %d starts failed in a row", key.limits.runtime, n)
+            # from a refill thread of that pool: its close waits for its refills, so not here
+            drop = self.root.dispatcher.drop_pools
+            threading.Thread(target=drop, args=(lambda spec: spec == key.spec,), daemon=True).start()
+
+    def started(self, key: ReserveKey) -> None:
+        with self._lock:
+            self._failures.pop(key, None)
