@@ -50,7 +50,9 @@ def main() -> None:
     from sandloop.server.tokens import TokenStore
 
     home = Path(tempfile.mkdtemp(prefix="sandloop-bench-e2b-"))
-    root = Sandloop(Settings(home=home))
+    # No warm sessions: both sides create cold ones, so the difference is the E2B layer's alone
+    # (bench/notebook.py measures warm sessions).
+    root = Sandloop(Settings(home=home, session_pool_size=0))
     tokens = TokenStore(home / "tokens.sqlite")
     key, _ = tokens.create("bench", max_concurrent=8, runs_per_minute=100000, max_sessions=20)
     url, srv, thread = _serve(create_app(tokens, sandloop=root))

@@ -79,6 +79,8 @@ def test_the_reaper_removes_warm_sessions_whose_keeper_is_gone(fake, tmp_path):
 
 def test_limits_with_egress_or_too_little_memory_get_no_warm_session(fake):
     assert not fake.reserves.eligible(SandboxLimits(memory="128m"))
+    assert not fake.reserves.eligible(SandboxLimits(runtime="runsc"))  # 256m: too little under gVisor
+    assert fake.reserves.eligible(SandboxLimits(runtime="runsc", memory="512m"))
     assert not fake.reserves.eligible(SandboxLimits(egress=("pypi.org",)))
     assert fake.reserves.eligible(SandboxLimits())
     assert not fake.reserves.prewarm(SandboxLimits(memory="128m"), parse_size(QUOTA), OWNER)

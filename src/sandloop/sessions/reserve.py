@@ -16,7 +16,7 @@ bound, idle expiry, closing at shutdown); this module is what makes and removes 
 owner id of the process keeping it): nobody lists it or attaches to it, and the session reaper
 removes it once that process is gone (``SessionStore.reap_expired``). Sessions with an egress
 allowlist are never reserved (their proxy is set up with their secrets), nor are sessions whose
-memory cannot hold the imports (below ``MIN_MEMORY``).
+memory cannot hold the imports (below ``MIN_MEMORY``; ``MIN_MEMORY_RUNSC`` under gVisor).
 """
 
 from __future__ import annotations
@@ -39,9 +39,12 @@ log = logging.getLogger(__name__)
 
 #: What a reserve's interpreter imports while it waits.
 PRELOAD = ("numpy", "pandas", "matplotlib.pyplot")
-#: The imports take ~60 MiB more than a bare interpreter (docs/benchmarks.md): below this memory
-#: limit a session is not reserved (its interpreter would have too little room left).
+#: Below this memory limit a session is not reserved: a warm runc interpreter holds ~100 MiB
+#: (docs/benchmarks.md), and its contexts need room besides.
 MIN_MEMORY = 256 * 1024 * 1024
+#: gVisor counts the libraries' file pages as the sandbox's own memory: a warm runsc session holds
+#: ~200 MiB before its first cell, and each further context ~30 MiB (measured here).
+MIN_MEMORY_RUNSC = 512 * 1024 * 1024
 #: A reserve's record outlives the pool's idle time by this (the pool replaces it before).
 RECORD_MARGIN_SECONDS = 120
 #: After this many failed starts in a row, a key gets no reserves (e.g. an image without pandas).
@@ -145,11 +148,12 @@ class Reserves:
         self.claimed = 0
 
     def eligible(self, limits: SandboxLimits) -> bool:
+        least = MIN_MEMORY_RUNSC if limits.runtime == "runsc" else MIN_MEMORY
         return (
             self.root.settings.session_pool_size > 0
             and not limits.egress
-            and limits.memory_bytes >= MIN_MEMORY
-            and limits.memory_swap_bytes >= MIN_MEMORY
+            and limits.memory_bytes >= least
+            and limits.memory_swap_bytes >= least
         )
 
     def take(self, limits: SandboxLimits, quota_bytes: int, owner_uid_gid: str) -> Reserve | None:
