@@ -159,6 +159,13 @@ def test_javascript_and_typescript_contexts(nb):
     waiting = nb.run_cell("await new Promise(r => setTimeout(r, 60000))", language="js", timeout_seconds=1)
     assert waiting.timed_out and not waiting.interpreter_restarted
     assert nb.run_cell("q", language="js").value == "1"  # the interrupt kept the context
+    busy = nb.run_cell("var spins = 0; while (true) { spins++ }", language="js", timeout_seconds=1)
+    assert busy.timed_out and not busy.interpreter_restarted, busy
+    assert busy.error is not None and busy.error.name == "KeyboardInterrupt"
+    assert nb.run_cell("spins > 0 && q", language="js").value == "1"  # a busy loop broken, state kept
+    again = nb.run_cell("while (true) {}", language="js", timeout_seconds=1)  # and the next interrupt too
+    assert again.timed_out and not again.interpreter_restarted
+    assert nb.run_cell("q + 1", language="js").value == "2"
 
 
 def test_typescript_context(runtime):

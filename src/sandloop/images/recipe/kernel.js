@@ -5,9 +5,10 @@
 // `require`, the last expression's value (util.inspect'ed as text/plain), declarations kept for the
 // next cell. Static `import` lines become `await import(...)` (a REPL script is not a module).
 // TypeScript is first transpiled by the `typescript` package shipped in the image
-// (transpileModule: types are erased, nothing is type-checked). SIGINT abandons a cell that is
-// awaiting (the context lives on); a busy loop cannot be broken, so the supervisor replaces the
-// context after its grace period.
+// (transpileModule: types are erased, nothing is type-checked). A cell without `await` runs as a
+// vm.Script with breakOnSigint, so SIGINT breaks even a busy loop and the context lives on; SIGINT
+// abandons a cell that is awaiting (the context lives on too). Only a busy loop in a cell that
+// also awaits cannot be broken: the supervisor replaces that context after its grace period.
 //
 // Cells arrive on fd SANDLOOP_CELL_FD (a JSON line, then the code); one JSON line per cell goes
 // back on SANDLOOP_REPLY_FD. Output goes straight to stdout and stderr.
@@ -15,6 +16,7 @@
 const fs = require("fs");
 const repl = require("repl");
 const util = require("util");
+const vm = require("vm");
 const { PassThrough } = require("stream");
 
 const CELL_FD = Number(process.env.SANDLOOP_CELL_FD);
@@ -31,8 +33,8 @@ const server = repl.start({
   terminal: false,
   prompt: "",
   useGlobal: true,
-  // Not breakEvalOnSigint: its watchdog leaves SIGINT's default action behind (node 18, 20), so
-  // the next interrupt would kill the context. A busy loop is replaced by the supervisor instead.
+  // Not breakEvalOnSigint (measured: it does not break a busy loop here, and SIGINT then kills
+  // the context): a cell without `await` runs as a vm.Script with breakOnSigint instead (run()).
   breakEvalOnSigint: false,
 });
 let executionCount = 0;
@@ -140,7 +142,7 @@ function run(header, code) {
     finish(1, [], errorOf(err));
     return;
   }
-  server.eval(source, server.context, `cell-${executionCount}`, (err, value) => {
+  const evaluated = (err, value) => {
     if (err) {
       fail(err);
       return;
@@ -158,12 +160,47 @@ function run(header, code) {
       outputs.push({ type: "execute_result", data, metadata: {} });
     }
     finish(0, outputs, null);
-  });
+  };
+  if (AWAIT.test(source)) {
+    server.eval(source, server.context, `cell-${executionCount}`, evaluated);
+    return;
+  }
+  let value;
+  try {
+    const script = new vm.Script(/^\s*\{/.test(source) && !/;\s*$/.test(source) ? wrapObject(source) : source, {
+      filename: `cell-${executionCount}`,
+    });
+    value = script.runInThisContext({ breakOnSigint: true, displayErrors: false });
+  } catch (err) {
+    armSigint(); // breakOnSigint's watchdog leaves SIGINT's default action behind: take it back
+    evaluated(err);
+    return;
+  }
+  armSigint();
+  evaluated(null, value);
 }
 
-process.on("SIGINT", () => {
+// A cell that awaits goes to the REPL's evaluator (it wraps top-level await); one that does not
+// runs as a script, which SIGINT can break.
+const AWAIT = /\bawait\b/;
+// `{a: 1}` alone is an object, as the REPL reads it, not a block.
+function wrapObject(source) {
+  try {
+    new vm.Script(`(${source})`);
+    return `(${source})`;
+  } catch (_) {
+    return source;
+  }
+}
+
+function onSigint() {
   if (current) current.finish(130, [], { name: "KeyboardInterrupt", value: "", traceback: "" });
-});
+}
+function armSigint() {
+  process.removeListener("SIGINT", onSigint);
+  process.on("SIGINT", onSigint);
+}
+armSigint();
 process.on("uncaughtException", (err) => {
   process.stderr.write(`Uncaught ${err && err.stack ? err.stack : err}\n`);
 });

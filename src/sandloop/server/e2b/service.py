@@ -40,6 +40,8 @@ MAX_TIMEOUT = 24 * 3600
 TTL_MARGIN = 60.0
 #: Seconds between two sweeps for sandboxes past their timeout (started with the first sandbox).
 REAP_EVERY = 5.0
+#: Longest a request for a sandbox being killed waits for the kill before its 404.
+KILL_WAIT_SECONDS = 30.0
 #: Process streams (Start/Connect) open at once on one sandbox; each polls its interpreter.
 MAX_STREAMS = 16
 #: Output kept per stream of a cell: the process table's answers (a poll returns up to 512 KiB,
@@ -161,6 +163,7 @@ class E2B:
         self._streams: dict[str, int] = {}
         self._followers: dict[str, Follower] = {}
         self._lock = threading.Lock()
+        self._killed = threading.Condition(self._lock)  # a kill finished
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
 
@@ -205,6 +208,7 @@ class E2B:
             self.forget(sandbox_id)
             with self._lock:
                 self._killing.discard(sandbox_id)
+                self._killed.notify_all()
 
     def reap(self) -> None:
         for sandbox_id in self.registry.expired():
@@ -263,9 +267,13 @@ class E2B:
                 return True
         return self.registry.get(sandbox_id) is None
 
-    def live(self, box: E2BSandbox | None, sandbox_id: str) -> E2BSandbox:
+    def live(self, box: E2BSandbox | None, sandbox_id: str, *, wait: bool = False) -> E2BSandbox:
+        """The sandbox, or 404 when it is gone. ``wait`` (control-plane calls, on a worker thread,
+        never the event loop): a sandbox being killed answers 404 once its kill is done."""
         with self._lock:
             killing = sandbox_id in self._killing
+            if killing and wait:  # a 404 means its resources are gone: wait for the kill under way
+                self._killed.wait_for(lambda: sandbox_id not in self._killing, KILL_WAIT_SECONDS)
         if box is None or killing:
             raise E2BError(404, f"sandbox {sandbox_id} not found")
         if box.end_at < time.time():
@@ -283,7 +291,7 @@ class E2B:
         box = self.registry.get(sandbox_id)
         if box is not None and box.token_id != token.id:
             box = None
-        return self.live(box, sandbox_id)
+        return self.live(box, sandbox_id, wait=True)
 
     def for_traffic(self, sandbox_id: str) -> tuple[E2BSandbox, Token]:
         """The sandbox an envd or Jupyter call names (``RequestGuard`` checked its access token
