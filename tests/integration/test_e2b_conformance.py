@@ -122,6 +122,60 @@ def test_files_as_envd_has_them(made):
     assert not box.files.exists("never-there.txt")
 
 
+def test_file_metadata_is_kept_in_extended_attributes(made):
+    box = made()
+    info = box.files.write("tagged.txt", "content", metadata={"Author": "mish", "purpose": "upload"})
+    assert info.metadata == {"author": "mish", "purpose": "upload"}  # keys lowercased, as envd does
+    assert box.files.get_info("tagged.txt").metadata == {"author": "mish", "purpose": "upload"}
+    octet = box.files.write("octet.txt", "x", metadata={"k": "v"}, use_octet_stream=True)
+    assert octet.metadata == {"k": "v"} and box.files.get_info("octet.txt").metadata == {"k": "v"}
+    many = box.files.write_files(
+        [WriteEntry(path="d/one.txt", data="1"), WriteEntry(path="d/two.txt", data="2")], metadata={"batch": "b"}
+    )
+    assert [m.metadata for m in many] == [{"batch": "b"}, {"batch": "b"}]
+    assert {e.name: e.metadata for e in box.files.list("d")} == {"one.txt": {"batch": "b"}, "two.txt": {"batch": "b"}}
+    assert box.files.rename("tagged.txt", "renamed.txt").metadata == {"author": "mish", "purpose": "upload"}
+    assert box.files.write("renamed.txt", "again").metadata is None  # a write without metadata clears it
+    assert box.files.get_info("renamed.txt").metadata is None
+    # set inside the sandbox, under the same namespace: shown as metadata
+    box.files.write("plain.txt", "no metadata yet")
+    box.commands.run("python3 -c \"import os; os.setxattr('plain.txt', 'user.e2b.by', b'code')\"", cwd="/home/user")
+    assert box.files.get_info("plain.txt").metadata == {"by": "code"}
+    assert box.files.get_info("octet.txt").metadata == {"k": "v"}
+    assert box.files.write("bare.txt", "none").metadata is None and box.files.get_info("bare.txt").metadata is None
+
+
+def test_bad_file_metadata_is_refused_before_anything_is_written(made, server):
+    import httpx
+    from e2b.exceptions import InvalidArgumentException
+
+    box = made()
+    with pytest.raises(InvalidArgumentException):  # the SDK checks what it sends
+        box.files.write("bad.txt", "x", metadata={"bad key": "v"})
+    # what the SDK would not send, sent anyway: the server checks it too
+    headers = {"X-Access-Token": box._envd_access_token or "", "E2b-Sandbox-Id": box.sandbox_id}
+    headers |= {"E2b-Sandbox-Port": "49983", "X-Metadata-ok": "v", "X-Metadata-big": "v" * 3000}
+    r = httpx.post(f"{server}/files?path=/home/user/bad.txt", content=b"x", headers=headers)
+    assert r.status_code == 400 and "2048 bytes" in r.text, r.text
+    assert not box.files.exists("bad.txt")
+
+
+def test_file_metadata_through_the_async_sdk(server):
+    import asyncio
+
+    from e2b import AsyncSandbox
+
+    async def main():
+        box = await AsyncSandbox.create(timeout=120)
+        try:
+            written = await box.files.write("a.txt", "async", metadata={"mode": "async"})
+            return written.metadata, (await box.files.get_info("a.txt")).metadata
+        finally:
+            await box.kill()
+
+    assert asyncio.run(main()) == ({"mode": "async"}, {"mode": "async"})
+
+
 def test_a_default_token_survives_a_burst_of_file_calls(made):
     """A files.write loop with a token made by plain `sandloop tokens create NAME` (before: 120
     operations a minute, hit within seconds)."""

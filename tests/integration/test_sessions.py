@@ -13,7 +13,7 @@ import docker
 import pytest
 
 from sandloop import SandboxLimits
-from sandloop.contract import PathRefused, SessionNotFound, WorkspaceFileNotFound
+from sandloop.contract import InvalidArgument, PathRefused, SessionNotFound, WorkspaceFileNotFound
 from sandloop.sessions import Session
 from tests.helpers import our_containers
 
@@ -146,6 +146,25 @@ def test_file_api_round_trip(session):
         session.read_file("d/e/data.bin")
     with pytest.raises(WorkspaceFileNotFound):
         session.delete_file("nope")
+
+
+def test_file_metadata_lives_in_the_files_extended_attributes(session):
+    if session.limits.runtime == "runsc":  # gVisor's gofer mount keeps no user.* attributes
+        with pytest.raises(PathRefused, match="file metadata needs a runc session"):
+            session.write_file("m.txt", "x", metadata={"owner": "ana"})
+        assert "m.txt" not in [e["name"] for e in session.list_files()]
+        assert session.write_file("m.txt", "x") == 1 and "metadata" not in session.stat("m.txt")
+        return
+    session.write_file("m.txt", "x", metadata={"Owner": "ana", "step": "3"})
+    assert session.stat("m.txt")["metadata"] == {"owner": "ana", "step": "3"}
+    assert session.move("m.txt", "n.txt")["metadata"] == {"owner": "ana", "step": "3"}
+    assert session.run_cell("import os; sorted(os.listxattr('n.txt'))").value == "['user.e2b.owner', 'user.e2b.step']"
+    session.write_file("n.txt", "y")  # rewritten without metadata: none left
+    assert "metadata" not in session.stat("n.txt")
+    for bad in ({"a b": "v"}, {"": "v"}, {"k": "two\nlines"}, {"k": "v" * 3000}):
+        with pytest.raises(InvalidArgument):
+            session.write_file("bad.txt", "x", metadata=bad)
+    assert [e["name"] for e in session.list_files()].count("bad.txt") == 0
 
 
 def test_upload_and_download(session, tmp_path):

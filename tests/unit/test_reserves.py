@@ -55,22 +55,9 @@ def test_a_claim_makes_the_warm_session_an_ordinary_one(fake):
 def test_the_reaper_removes_warm_sessions_whose_keeper_is_gone(fake, tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     gone = owner_id(int(dead.stdout))  # a process that has exited
-    record = fake.sessions.create(
-        ttl_seconds=600,
-        quota_bytes=parse_size(QUOTA),
-        image=fake.image,
-        limits={},
-        owner_uid_gid=OWNER,
-        reserved_by=gone,
-    )
-    mine = fake.sessions.create(
-        ttl_seconds=600,
-        quota_bytes=parse_size(QUOTA),
-        image=fake.image,
-        limits={},
-        owner_uid_gid=OWNER,
-        reserved_by=owner_id(),
-    )
+    made = {"ttl_seconds": 600, "quota_bytes": parse_size(QUOTA), "image": fake.image, "limits": {}}
+    record = fake.sessions.create(**made, owner_uid_gid=OWNER, reserved_by=gone)
+    mine = fake.sessions.create(**made, owner_uid_gid=OWNER, reserved_by=owner_id())
     assert fake.sessions.reap_expired() == [record.id]
     assert not (tmp_path / "sessions" / record.id).exists()
     assert [r.id for r in reserved(fake)] == [mine.id]  # its keeper (this process) lives

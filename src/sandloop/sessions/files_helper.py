@@ -9,6 +9,7 @@ stdout: one JSON line {"ok": true, ...} or {"ok": false, "kind": ..., "error": .
 """
 
 import base64
+import errno
 import io
 import json
 import os
@@ -63,7 +64,43 @@ def entry(path, name):
     info = {"name": name, "size": st.st_size, "type": kind, "mtime": st.st_mtime, "mode": stat.S_IMODE(st.st_mode)}
     if kind == "symlink":
         info["target"] = os.readlink(path)
+    else:
+        metadata = read_metadata(path)
+        if metadata:
+            info["metadata"] = metadata
     return info
+
+
+#: A file's metadata lives in its extended attributes under this prefix (as E2B's envd keeps it).
+XATTR_PREFIX = "user.e2b."
+
+
+def read_metadata(path):
+    """The ``user.e2b.*`` attributes of a file, prefix stripped ({} where there are none, or the
+    file system keeps no extended attributes)."""
+    try:
+        names = [n for n in os.listxattr(path, follow_symlinks=False) if n.startswith(XATTR_PREFIX)]
+        return {
+            n[len(XATTR_PREFIX) :]: os.getxattr(path, n, follow_symlinks=False)[:4096].decode("utf-8", "replace")
+            for n in sorted(names)[:64]
+        }
+    except OSError:
+        return {}
+
+
+def write_metadata(path, metadata):
+    for key, value in metadata.items():
+        try:
+            os.setxattr(path, XATTR_PREFIX + key, value.encode(), follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise Refused(
+                    "this sandbox's file system keeps no extended attributes (gVisor's workspace mount does not): "
+                    "file metadata needs a runc session"
+                ) from None
+            if exc.errno == errno.ENOSPC:
+                raise Refused("the file's metadata does not fit in its extended attributes: send less") from None
+            raise
 
 
 def op_list(args, data):
@@ -150,6 +187,7 @@ def op_write(args, data):
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        write_metadata(tmp, args.get("metadata") or {})  # a new inode: no stale metadata on it
         os.replace(tmp, path)
     except BaseException:
         if os.path.lexists(tmp):

@@ -21,6 +21,7 @@ import io
 import json
 import math
 import os
+import re
 import tarfile
 import threading
 from collections.abc import Callable, Mapping
@@ -89,6 +90,32 @@ def check_path(path: str) -> str:
     if ".." in parts:
         raise PathRefused(f"path {path!r} climbs out of the workspace ('..' is not allowed)")
     return "/".join(parts) or "."
+
+
+#: A metadata key: an HTTP header token (E2B's SDKs send each as an ``X-Metadata-<key>`` header).
+_METADATA_KEY = re.compile(r"\A[A-Za-z0-9!#$%&'*+\-.^_`|~]+\Z")
+_METADATA_VALUE = re.compile(r"\A[\x20-\x7e]*\Z")
+#: ext4 keeps a file's extended attributes in at most one 4 KiB block beside its inode.
+MAX_METADATA_BYTES = 2048
+
+
+def check_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
+    """A file's metadata as it is kept: keys lowercased, each an HTTP token, values printable
+    ASCII, 2 KiB in all. ``InvalidArgument`` says which entry is wrong."""
+    if not isinstance(metadata, Mapping):
+        raise InvalidArgument("metadata must be a mapping of strings to strings")
+    out: dict[str, str] = {}
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not _METADATA_KEY.match(key):
+            raise InvalidArgument(
+                f"invalid metadata key {key!r}: use letters, digits and !#$%&'*+-.^_`|~ (no spaces, not empty)"
+            )
+        if not isinstance(value, str) or not _METADATA_VALUE.match(value):
+            raise InvalidArgument(f"invalid metadata value for {key!r}: values are printable ASCII, one line")
+        out[key.lower()] = value
+    if sum(len(k) + len(v) + 9 for k, v in out.items()) > MAX_METADATA_BYTES:
+        raise InvalidArgument(f"metadata takes at most {MAX_METADATA_BYTES} bytes in all (keys and values)")
+    return out
 
 
 class Session:
@@ -375,12 +402,18 @@ class Session:
             raise WorkspaceFull(f"the workspace is full ({self._record.quota_bytes} byte quota): {message}")
         raise SandboxError(message)
 
-    def write_file(self, path: str, content: bytes | str) -> int:
+    def write_file(self, path: str, content: bytes | str, *, metadata: Mapping[str, str] | None = None) -> int:
+        """Write a file (replacing one there, and its metadata); its size. ``metadata``: strings
+        kept with the file (its ``user.e2b.*`` extended attributes, as E2B keeps them), shown by
+        ``stat``, ``list_files`` and ``move``; keys are lowercased (``check_metadata``)."""
         rel = check_path(path)
         data = content.encode() if isinstance(content, str) else bytes(content)
         if len(data) > MAX_WRITE_BYTES:
             raise TooLarge(f"{len(data)} bytes is over the {MAX_WRITE_BYTES}-byte cap for write_file; use upload")
-        return int(self._files("write", {"path": rel}, data)["size"])
+        args: dict[str, Any] = {"path": rel}
+        if metadata:
+            args["metadata"] = check_metadata(metadata)
+        return int(self._files("write", args, data)["size"])
 
     def read_file(self, path: str) -> bytes:
         rel = check_path(path)

@@ -23,16 +23,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from sandloop.contract import PathRefused, SandboxError, TooLarge, WorkspaceFileNotFound
+from sandloop.contract import InvalidArgument, PathRefused, SandboxError, TooLarge, WorkspaceFileNotFound
 from sandloop.server.e2b.connect import ConnectError, read_request, stream, unary_error
 from sandloop.server.e2b.control import e2b_error_response
 from sandloop.server.e2b.service import E2B, E2BError, command_cwd, sandbox_path, workspace_path
 from sandloop.server.errors import error_for
 from sandloop.server.models import MAX_FILE_BYTES
 from sandloop.server.quota import QuotaError
+from sandloop.sessions.session import check_metadata
 
 #: Seconds between keepalive events on a quiet process stream (E2B's SDK asks for 50).
 KEEPALIVE = 30.0
+#: An upload's file metadata travels in headers named this, then the key (lowercased by Starlette).
+METADATA_HEADER = "x-metadata-"
 SIGNALS = {"SIGNAL_SIGKILL": 9, "SIGNAL_SIGTERM": 15, 9: 9, 15: 15}
 _CODES = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denied", 404: "not_found"}
 _CODES |= {409: "already_exists", 413: "resource_exhausted", 429: "resource_exhausted", 501: "unimplemented"}
@@ -84,6 +87,8 @@ def entry_json(e: dict[str, Any], rel_dir: str | None = None) -> dict[str, Any]:
         .isoformat()
         .replace("+00:00", "Z"),
     }
+    if e.get("metadata"):
+        out["metadata"] = dict(e["metadata"])
     if e["type"] == "symlink":
         # as envd reports it: an absolute path (a relative target is taken from the link's directory)
         target = str(e.get("target", ""))
@@ -454,6 +459,7 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
             if not uploads:
                 raise E2BError(400, "no file in the request")
             targets = [(workspace_path(p), data) for p, data in uploads]
+            metadata = _metadata_of(request)
 
             def work() -> list[dict[str, Any]]:
                 # each file is a sandbox run, so each counts, all before the first is written (one
@@ -463,8 +469,9 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
                     s = e2b.session(box.sandbox_id)
                     out = []
                     for rel, data in targets:
-                        s.write_file(rel, data)
-                        out.append({"name": rel.rsplit("/", 1)[-1], "type": "file", "path": sandbox_path(rel)})
+                        s.write_file(rel, data, metadata=metadata)
+                        written = {"name": rel.rsplit("/", 1)[-1], "type": "file", "path": sandbox_path(rel)}
+                        out.append({**written, "metadata": metadata} if metadata else written)
                     return out
 
             return JSONResponse(await run_in_threadpool(work))
@@ -472,6 +479,20 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
             return e2b_error_response(exc)
 
     return router
+
+
+def _metadata_of(request: Request) -> dict[str, str]:
+    """The upload's ``X-Metadata-<key>: value`` headers (envd 0.6.2's file metadata), checked
+    before any file is written."""
+    raw = {
+        name[len(METADATA_HEADER) :]: value
+        for name, value in request.headers.items()
+        if name.lower().startswith(METADATA_HEADER)
+    }
+    try:
+        return check_metadata(raw) if raw else {}
+    except InvalidArgument as exc:
+        raise E2BError(400, str(exc)) from None
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:

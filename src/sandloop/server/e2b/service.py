@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 
 HOME = "/home/user"
 WORKSPACE = "/workspace"
-#: What envd version the sandboxes report: it switches the SDKs' features (0.5.7: default user,
-#: stdin, octet-stream uploads; not file metadata or watch events, which are not served).
-ENVD_VERSION = "0.5.7"
+#: What envd version the sandboxes report: it switches the SDKs' features (default user, stdin,
+#: octet-stream uploads, 0.6.2's file metadata; not 0.6.3's watch events: watching is not served).
+ENVD_VERSION = "0.6.2"
 #: Template names that mean "the runtime image": sandloop serves one image.
 TEMPLATES = ("base", "code-interpreter-v1", "code-interpreter", "sandloop")
 MAX_TIMEOUT = 24 * 3600
