@@ -16,7 +16,8 @@ bound, idle expiry, closing at shutdown); this module is what makes and removes 
 owner id of the process keeping it): nobody lists it or attaches to it, and the session reaper
 removes it once that process is gone (``SessionStore.reap_expired``). Sessions with an egress
 allowlist are never reserved (their proxy is set up with their secrets), nor are sessions whose
-memory cannot hold the imports (below ``MIN_MEMORY``; ``MIN_MEMORY_RUNSC`` under gVisor).
+memory cannot hold the imports (below ``MIN_MEMORY``; ``MIN_MEMORY_RUNSC`` under gVisor), nor
+sessions on a backend whose nodes run their own sandboxes (Ray).
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ class Reserves:
         least = MIN_MEMORY_RUNSC if limits.runtime == "runsc" else MIN_MEMORY
         return (
             self.root.settings.session_pool_size > 0
+            and not getattr(self.root.backend, "dispatches_runs", False)  # a cluster's nodes: not here
             and not limits.egress
             and limits.memory_bytes >= least
             and limits.memory_swap_bytes >= least
