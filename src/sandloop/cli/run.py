@@ -204,7 +204,7 @@ def reap(
     for item in report.removed:
         table.add_row(item.kind, item.id[:12], item.purpose, item.owner, item.reason)
     for sid in report.expired_sessions:
-        table.add_row("session", sid, "session", "", "idle past its ttl")
+        table.add_row("session", sid, "session", "", "idle past its ttl, or warm and its process gone")
     found = len(report.removed) + len(report.expired_sessions)
     if found:
         out.print(table)

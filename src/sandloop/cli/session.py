@@ -29,14 +29,22 @@ from sandloop.contract import SandboxError, SandboxLimits
 
 if TYPE_CHECKING:
     from sandloop.sessions import Session
+    from sandloop.settings import Settings
+
+
+def _one_call_settings() -> Settings:
+    """One call per process: a warm pool (of sandboxes or of sessions) would only cost containers,
+    started for nobody and removed at exit."""
+    from sandloop.settings import Settings
+
+    return Settings(pool_size=0, session_pool_size=0)
 
 
 def _session(session_id: str) -> Session:
     from sandloop.root import configure
     from sandloop.sessions import Session
-    from sandloop.settings import Settings
 
-    configure(Settings(pool_size=0))  # one call per process: a warm pool would only cost containers
+    configure(_one_call_settings())
 
     try:
         return Session.attach(session_id)
@@ -56,8 +64,10 @@ def session_create(
     ] = None,
 ) -> None:
     """Create a session and print its id."""
+    from sandloop.root import configure
     from sandloop.sessions import Session
 
+    configure(_one_call_settings())
     try:
         limits = SandboxLimits(memory=memory, runtime=runtime, egress=tuple(allow or ()))
         s = Session.create(limits, ttl=ttl, quota=quota)

@@ -27,16 +27,20 @@ from sandloop.sessions.store import HOME_DIR, WORKSPACE, SessionRecord
 INTERRUPT_GRACE_SECONDS = 3.0
 
 
+def kernel_command(preload: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The launcher's arguments that start a session's interpreter (``kernel.py``)."""
+    return ("--kernel", "--preload=" + ",".join(preload)) if preload else ("--kernel",)
+
+
 def interpreter_spec(record: SessionRecord, *, kernel: bool = True, preload: tuple[str, ...] = ()) -> SandboxSpec:
     """A session's sandbox: its interpreter (``kernel``, lives as long as the session, whichever
     process started it) or a single-use run, both with the workspace at /workspace and /home/user.
     ``preload``: modules the interpreter imports before its first cell (a warm session's)."""
     labels: list[tuple[str, str]] = [(SESSION_LABEL, record.id)]
-    if kernel:
-        labels += [(f"{LABEL_PREFIX}owner", f"session:{record.id}"), (f"{LABEL_PREFIX}expires", "inf")]
     command: tuple[str, ...] = ()
     if kernel:
-        command = ("--kernel", "--preload=" + ",".join(preload)) if preload else ("--kernel",)
+        labels += [(f"{LABEL_PREFIX}owner", f"session:{record.id}"), (f"{LABEL_PREFIX}expires", "inf")]
+        command = kernel_command(preload)
     return SandboxSpec(
         record.image,
         SandboxLimits(**record.limits).for_container(),
@@ -138,4 +142,4 @@ def lock_file(directory: Path) -> Path:
     return path
 
 
-__all__ = ["Kernel", "interpreter_spec", "lock_file"]
+__all__ = ["Kernel", "interpreter_spec", "kernel_command", "lock_file"]

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sandloop.contract import SandboxError, SandboxLimits
+from sandloop.pool.warm import WarmPool
 from sandloop.runtime.base import Sandbox, SandboxSpec
 from sandloop.runtime.labels import LABEL_PREFIX, owner_id
-from sandloop.sessions.kernel import interpreter_spec
+from sandloop.sessions.kernel import interpreter_spec, kernel_command
 from sandloop.sessions.store import SessionRecord
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class ReserveKey:
                 (f"{LABEL_PREFIX}quota", str(self.quota_bytes)),
                 (f"{LABEL_PREFIX}workspace-owner", self.owner_uid_gid),
             ),
-            command=("--kernel", f"--preload={','.join(PRELOAD)}"),
+            command=kernel_command(PRELOAD),
         )
 
 
@@ -162,15 +163,7 @@ class Reserves:
         """A warm session of exactly these limits and quota, or None (then the caller makes a
         cold one). The first call for a key starts its pool and returns None: a reserve takes
         longer to start than a cold session."""
-        if not self.eligible(limits):
-            return None
-        key = ReserveKey(self.root.image, limits, quota_bytes, owner_uid_gid)
-        with self._lock:
-            if self._failures.get(key, 0) >= MAX_FAILURES:
-                return None
-        pool = self.root.dispatcher.pool_for(
-            key.spec, size=self.root.settings.session_pool_size, maker=ReserveMaker(self.root, key, self)
-        )
+        pool = self._pool(limits, quota_bytes, owner_uid_gid)
         if pool is None:
             return None
         reserve = pool.take(wait_seconds=0)
@@ -182,14 +175,21 @@ class Reserves:
         return reserve
 
     def prewarm(self, limits: SandboxLimits, quota_bytes: int, owner_uid_gid: str, timeout: float = 120) -> bool:
-        """Start the key's pool and wait until it is full (benchmarks, tests, ``serve``)."""
-        if not self.eligible(limits):
-            return False
-        key = ReserveKey(self.root.image, limits, quota_bytes, owner_uid_gid)
-        pool = self.root.dispatcher.pool_for(
-            key.spec, size=self.root.settings.session_pool_size, maker=ReserveMaker(self.root, key, self)
-        )
+        """Start the key's pool and wait until it is full (benchmarks, tests)."""
+        pool = self._pool(limits, quota_bytes, owner_uid_gid)
         return pool is not None and pool.wait_ready(timeout)
+
+    def _pool(self, limits: SandboxLimits, quota_bytes: int, owner_uid_gid: str) -> WarmPool | None:
+        """The dispatcher's pool of this kind (started on first use); None for a kind that gets
+        no warm sessions."""
+        if not self.eligible(limits):
+            return None
+        key = ReserveKey(self.root.image, limits, quota_bytes, owner_uid_gid)
+        with self._lock:
+            if self._failures.get(key, 0) >= MAX_FAILURES:
+                return None
+        maker = ReserveMaker(self.root, key, self)
+        return self.root.dispatcher.pool_for(key.spec, size=self.root.settings.session_pool_size, maker=maker)
 
     def failed(self, key: ReserveKey) -> None:
         with self._lock:

@@ -282,43 +282,37 @@ class Supervisor:
         """Start the default Python context and let it pay its first cell's one-time costs (a
         warm session, before anyone has it: ``sessions/reserve.py``). Then list the contexts."""
         ctx = self.contexts[DEFAULTS["python"]]
-        if not ctx.alive:
-            ctx.start(self.preloaded, self.pipes(ctx))
-        try:
-            write_all(ctx.cmd, json.dumps({"code": 0, "warmup": True}).encode() + b"\n")
-        except OSError:
-            pass
-        self.running, self.interrupted_at = ctx, None
-        try:
-            reply = self.wait(ctx)
-        finally:
-            self.running, self.interrupted_at = None, None
+        reply = self.ask(ctx, {"code": 0, "warmup": True})
         if reply.get("error"):
             raise Refused(reply["error"]["name"], reply["error"]["value"])
         return self.list(header)
 
     def cell(self, header, code):
         ctx = self.context_for(header)
-        if not ctx.alive:
-            ctx.start(self.preloaded, self.pipes(ctx))
         message = {"code": len(code)}
         for key in ("env", "ca", "nonce"):
             if header.get(key):
                 message[key] = header[key]
         if ctx.moved:
             message["chdir"] = ctx.cwd
+        reply = self.ask(ctx, message, code)
         ctx.fresh = ctx.moved = False
+        reply["context"], reply["language"] = ctx.id, ctx.language
+        return reply
+
+    def ask(self, ctx, message, code=b""):
+        """Send one message to a context (started first if need be) and wait for its reply."""
+        if not ctx.alive:
+            ctx.start(self.preloaded, self.pipes(ctx))
         try:
             write_all(ctx.cmd, json.dumps(message).encode() + b"\n" + code)
         except OSError:
             pass  # it died: the wait below sees the end of its reply pipe
         self.running, self.interrupted_at = ctx, None
         try:
-            reply = self.wait(ctx)
+            return self.wait(ctx)
         finally:
             self.running, self.interrupted_at = None, None
-        reply["context"], reply["language"] = ctx.id, ctx.language
-        return reply
 
     def wait(self, ctx):
         """The context's reply to its cell; if it dies, or ignores an interrupt, it is replaced."""
