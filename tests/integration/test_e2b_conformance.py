@@ -239,3 +239,96 @@ def test_a_key_over_its_rate_gets_429_and_may_still_kill(tmp_path_factory, monke
         finally:
             box.kill()  # not metered: a key over its rate can still give back what it holds
         assert box.is_running() is False
+
+
+def test_watching_a_directory_as_envd_does(made):
+    """envd's CreateWatcher / GetWatcherEvents: each change is there by the next call; a new
+    file is create, chmod, write (envd sets its owner; sandloop its mode); a rewrite is a write
+    of the file itself; a recursive watch picks up a directory made after it started."""
+    from e2b import FileNotFoundException, FilesystemEventType, FileType, SandboxException
+
+    box = made()
+    box.files.make_dir("w/nested")
+    handle = box.files.watch_dir("w", include_entry=True)
+    box.files.write("w/f.txt", "one")
+    events = handle.get_new_events()
+    assert [(e.name, e.type) for e in events] == [
+        ("f.txt", FilesystemEventType.CREATE),
+        ("f.txt", FilesystemEventType.CHMOD),
+        ("f.txt", FilesystemEventType.WRITE),
+    ]
+    box.files.write("w/f.txt", "two")
+    (write,) = handle.get_new_events()
+    assert write.type == FilesystemEventType.WRITE and write.entry is not None
+    assert write.entry.path == "/home/user/w/f.txt" and write.entry.type == FileType.FILE and write.entry.size == 3
+    handle.stop()
+    with pytest.raises(SandboxException, match="stopped"):
+        handle.get_new_events()
+
+    deep = box.files.watch_dir("w", recursive=True)
+    box.files.make_dir("w/later")
+    box.files.write("w/later/g.txt", "x")
+    box.commands.run("echo hi > /home/user/w/nested/h.txt")
+    kinds = [(e.name, e.type) for e in deep.get_new_events()]
+    assert ("later", FilesystemEventType.CREATE) in kinds
+    assert ("later/g.txt", FilesystemEventType.WRITE) in kinds
+    assert ("nested/h.txt", FilesystemEventType.WRITE) in kinds
+    deep.stop()
+
+    with pytest.raises(FileNotFoundException):
+        box.files.watch_dir("missing")
+    with pytest.raises(SandboxException):
+        box.files.watch_dir("w/f.txt")
+
+
+def test_a_watcher_is_its_sandboxs_alone_and_ends_with_it(made, server):
+    import httpx
+
+    from sandloop.sessions.watch import live_watchers
+
+    a, b = made(), made()
+    handle = a.files.watch_dir(".")
+    assert live_watchers(a.sandbox_id) == 1
+    headers = {  # b's own token, a's watcher id
+        "E2b-Sandbox-Id": b.sandbox_id,
+        "E2b-Sandbox-Port": "49983",
+        "X-Access-Token": b._envd_access_token,
+        "Content-Type": "application/json",
+    }
+    r = httpx.post(
+        f"{server}/filesystem.Filesystem/GetWatcherEvents", json={"watcherId": handle._watcher_id}, headers=headers
+    )
+    assert r.status_code == 404 and r.json()["code"] == "not_found", r.text
+    a.kill()
+    assert live_watchers(a.sandbox_id) == 0
+
+
+def test_watching_through_the_async_sdks_stream(server):
+    import asyncio
+
+    from e2b import AsyncSandbox, FilesystemEventType
+
+    async def main():
+        box = await AsyncSandbox.create(timeout=120)
+        try:
+            got: list[tuple[str, object]] = []
+            seen = asyncio.Event()
+
+            def on_event(e):
+                got.append((e.name, e.type))
+                if e.type == FilesystemEventType.WRITE:
+                    seen.set()
+
+            handle = await box.files.watch_dir(".", on_event=on_event)
+            await box.files.write("a.txt", "async")
+            await asyncio.wait_for(seen.wait(), 60)
+            await handle.stop()
+            return got
+        finally:
+            await box.kill()
+
+    assert asyncio.run(main())[:3] == [
+        ("a.txt", FilesystemEventType.CREATE),
+        ("a.txt", FilesystemEventType.CHMOD),
+        ("a.txt", FilesystemEventType.WRITE),
+    ]

@@ -198,6 +198,49 @@ def test_symlinks_made_inside_cannot_reach_out(session):
         assert not any(m.issym() or m.name.endswith("passwd") for m in tar.getmembers())
 
 
+def test_a_watch_sees_the_file_api_the_sessions_code_and_its_processes(session):
+    """Each change reaches the watch by the next call, without a wait: the file API's helper
+    sandboxes, the session's cells, a background process. On gVisor too: the gofer makes every
+    change with a host system call."""
+    session.write_file("w/old.txt", "1")
+    with session.watch("w", include_entry=True) as w:
+        session.write_file("w/old.txt", "2")  # replaced whole: one write, no temporary name
+        session.write_file("w/new.txt", "3")
+        events = [(e.name, e.type) for e in w.events()]
+        assert events[0] == ("old.txt", "write") and ("new.txt", "create") in events and ("new.txt", "write") in events
+        assert not any("sandloop-tmp" in name for name, _ in events)
+        session.run_cell("import os; open('/workspace/w/cell.txt', 'w').write('x'); os.remove('/workspace/w/new.txt')")
+        kinds = [(e.name, e.type) for e in w.events()]
+        assert ("cell.txt", "create") in kinds and ("cell.txt", "write") in kinds and ("new.txt", "remove") in kinds
+        session.run("sh -c 'echo hi > /workspace/w/bash.txt'", "bash")
+        got = {e.name: e for e in w.events() if e.type == "write"}
+        assert got["bash.txt"].entry is not None and got["bash.txt"].entry["size"] == 3
+
+
+def test_a_watch_refuses_what_is_not_a_directory_and_never_follows_a_link(session):
+    session.run("import os\nos.symlink('/etc', 'etcdir')\nopen('f.txt', 'w').write('x')")
+    with pytest.raises(PathRefused, match="not a directory"):
+        session.watch("etcdir")
+    with pytest.raises(PathRefused, match="not a directory"):
+        session.watch("f.txt")
+    with pytest.raises(WorkspaceFileNotFound):
+        session.watch("missing")
+    with pytest.raises(PathRefused):
+        session.watch("../..")
+
+
+def test_a_sessions_watchers_end_with_it(runtime):
+    from sandloop.sessions.watch import live_watchers
+
+    s = Session.create(limits=SandboxLimits(runtime=runtime), ttl=600, quota="16m")
+    w = s.watch(".", recursive=True)
+    assert live_watchers(s.id) == 1
+    s.delete()  # the watch holds the workspace open: it must go before the unmount
+    assert w.closed and live_watchers(s.id) == 0
+    with open("/proc/mounts") as f:
+        assert s.id not in f.read()
+
+
 def test_archive_with_links_or_escapes_is_refused(session):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sandloop.contract import CellResult, ExecutionResult, SandboxLimits
@@ -191,6 +192,11 @@ class Workspaces(Protocol):
 
     def delete_workspace(self, session_id: str) -> None:
         """Remove it and its data. Idempotent, best effort."""
+        ...
+
+    def workspace_on_host(self, session_id: str, ref: WorkspaceRef) -> Path | None:
+        """Where this host sees the workspace's files (a file watch reads the kernel's events
+        there), or None when they are not on this host (a Ray node keeps them)."""
         ...
 
 

@@ -182,12 +182,29 @@ def op_write(args, data):
         raise Refused("%s is a directory" % args["path"])
     os.makedirs(os.path.dirname(path), exist_ok=True)
     resolve(os.path.relpath(os.path.dirname(path), ROOT))  # parents must not lead out either
+    metadata = args.get("metadata") or {}
+    try:  # a new file is written where it goes, as envd writes it (a watch sees create, chmod, write)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        fd = -1
+    if fd >= 0:
+        try:
+            os.fchmod(fd, 0o644)  # envd sets a new file's owner here; the sandbox's user already owns it
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            write_metadata(path, metadata)
+        except BaseException:  # nothing half-written is left
+            if os.path.lexists(path):
+                os.unlink(path)
+            raise
+        return {"size": len(data)}
+    # one already there is replaced whole: a reader never sees half of it (a watch sees one write)
     tmp = path + ".sandloop-tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        write_metadata(tmp, args.get("metadata") or {})  # a new inode: no stale metadata on it
+        write_metadata(tmp, metadata)  # a new inode: no stale metadata on it
         os.replace(tmp, path)
     except BaseException:
         if os.path.lexists(tmp):

@@ -50,6 +50,7 @@ from sandloop.requests import build_request, check_secrets, check_timeout
 from sandloop.runtime.base import Sandbox, SandboxSpec
 from sandloop.sessions.kernel import Kernel, interpreter_spec, lock_file
 from sandloop.sessions.store import SESSION_LABEL, WORKSPACE, SessionRecord
+from sandloop.sessions.watch import Watcher, check_watchable
 
 if TYPE_CHECKING:
     from sandloop.root import Sandloop
@@ -171,6 +172,8 @@ class Session:
         self._record = _record
         self.limits = SandboxLimits(**_record.limits)
         self._closed = False
+        self._watchers: builtins.list[Watcher] = []
+        self._watch_lock = threading.Lock()
         #: ``with`` releases what this call acquired: a session made here is deleted at the end
         #: of a ``with``; one attached to is only closed (it lives on for others).
         self._created_here = created_here
@@ -445,6 +448,27 @@ class Session:
     def delete_file(self, path: str) -> None:
         self._files("delete", {"path": check_path(path)})
 
+    def watch(self, path: str = ".", *, recursive: bool = False, include_entry: bool = False) -> Watcher:
+        """Watch a workspace directory for changes (by the session's code, its processes or the
+        file API): ``events()`` returns what happened since the last call, ``wait(timeout)``
+        waits for some; ``close()`` it. ``recursive`` covers the directories below too (up to
+        ``watch.MAX_DIRS``); ``include_entry`` adds each changed path's ``stat``. See
+        sessions/watch.py for what it costs and why it never follows the sandbox's symlinks."""
+        self._live()
+        rel = check_path(path)
+        root = self._root.backend.workspace_on_host(self.id, self._record.workspace)
+        watcher = Watcher(
+            check_watchable(root, self.id),
+            rel,
+            recursive=bool(recursive),
+            include_entry=bool(include_entry),
+            session_id=self.id,
+            shown=path,
+        )
+        with self._watch_lock:
+            self._watchers = [w for w in self._watchers if not w.closed] + [watcher]
+        return watcher
+
     def upload(self, source: str | os.PathLike[str] | bytes, dest: str = ".") -> dict[str, int]:
         """Upload a local directory, or a tar/tar.gz/zip archive (a path or its bytes)."""
         if isinstance(source, bytes):
@@ -477,6 +501,10 @@ class Session:
     def close(self) -> None:
         """Release this process's hold; the session lives on for ``attach``."""
         if not self._closed:
+            with self._watch_lock:
+                watchers, self._watchers = self._watchers, []
+            for watcher in watchers:  # each holds the workspace open: before any unmount
+                watcher.close()
             self._kernel.close()
             self._dispatcher.drop_pools(lambda spec: (SESSION_LABEL, self.id) in spec.labels)
             self._closed = True

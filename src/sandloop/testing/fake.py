@@ -334,6 +334,10 @@ class FakeBackend:
         with self._lock:
             self._workspaces.setdefault(ref.name, (directory, labels))
 
+    def workspace_on_host(self, session_id: str, ref: WorkspaceRef) -> Path | None:
+        directory = self.root / ref.name
+        return directory if directory.is_dir() else None
+
     def delete_workspace(self, session_id: str) -> None:
         name = f"fake-ws-{session_id}"
         with self._lock:

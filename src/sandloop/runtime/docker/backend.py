@@ -488,6 +488,9 @@ class DockerBackend:
 
     def delete_workspace(self, session_id: str) -> None:
         self.workspaces.delete(session_id)
+
+    def workspace_on_host(self, session_id: str, ref: WorkspaceRef) -> Path | None:
+        return self.workspaces.on_host(session_id, ref)
         self._egress_dirs().close(kernel_egress_key(session_id))  # its interpreter's, if it had an allowlist
 
     # -- housekeeping -------------------------------------------------------------------------

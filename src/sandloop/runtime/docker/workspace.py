@@ -141,6 +141,15 @@ class DockerWorkspaces:
         if ref.quota_enforced and not os.path.ismount(d / "mnt"):
             self._mount(d)
 
+    def on_host(self, session_id: str, ref: WorkspaceRef) -> Path | None:
+        """The workspace's files on this host: the loop mount, or the volume's own directory."""
+        if ref.quota_enforced:
+            mnt = self._dir(session_id) / "mnt"
+            return mnt if os.path.ismount(mnt) else None
+        with engine_errors():
+            point = self._api().inspect_volume(ref.name).get("Mountpoint")
+        return Path(point) if point else None
+
     def delete(self, session_id: str) -> None:
         """Remove the volume, the mount and the image. Idempotent, best effort."""
         d = self._dir(session_id)

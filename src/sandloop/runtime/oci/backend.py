@@ -668,6 +668,9 @@ class OCIBackend:
     def delete_workspace(self, session_id: str) -> None:
         self.docker.delete_workspace(session_id)
 
+    def workspace_on_host(self, session_id: str, ref: WorkspaceRef) -> Path | None:
+        return self.docker.workspace_on_host(session_id, ref)
+
     # -- housekeeping --------------------------------------------------------------------------
     def _bundles(self) -> list[Owned]:
         out: list[Owned] = []

@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sandloop.contract import (
@@ -486,6 +487,9 @@ class RayBackend:
 
     def ensure_workspace(self, session_id: str, ref: WorkspaceRef) -> None:
         self._call(self._session_node(session_id), "ensure_workspace", session_id, ref)
+
+    def workspace_on_host(self, session_id: str, ref: WorkspaceRef) -> Path | None:
+        return None  # on its node
 
     def delete_workspace(self, session_id: str) -> None:
         try:

@@ -31,6 +31,7 @@ from sandloop.server.errors import error_for
 from sandloop.server.models import MAX_FILE_BYTES
 from sandloop.server.quota import QuotaError
 from sandloop.sessions.session import check_metadata
+from sandloop.sessions.watch import Watcher, WatchEvent
 
 #: Seconds between keepalive events on a quiet process stream (E2B's SDK asks for 50).
 KEEPALIVE = 30.0
@@ -106,13 +107,15 @@ def _permissions(mode: int, is_dir: bool) -> str:
 def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> APIRouter:
     router = APIRouter(include_in_schema=False)
 
-    async def unary(request: Request, work: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> Response:
+    async def unary(request: Request, work: Callable[[Any, dict[str, Any]], dict[str, Any]], cost: int = 1) -> Response:
         try:
             user_of(request)
             box, token = await sandbox_of(request)
             message = await read_request(request)
 
             def run() -> dict[str, Any]:
+                if not cost:
+                    return work(box, message)
                 with e2b.api.rates.use(token):
                     return work(box, message)
 
@@ -406,11 +409,102 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
 
         return await unary(request, work)
 
+    # -- watching (sessions/watch.py: inotify on the host's view of the workspace) ----------------
+    def watch_of(box: Any, message: dict[str, Any]) -> Watcher:
+        """A watcher as envd's WatchDir and CreateWatcher make one; E2B's errors: a missing path
+        is not_found, a file invalid_argument."""
+        shown = message.get("path", "")
+        rel = path_of(message)
+        try:
+            return e2b.session(box.sandbox_id).watch(
+                rel,
+                recursive=bool(_field(message, "recursive")),
+                include_entry=bool(_field(message, "include_entry")),
+            )
+        except WorkspaceFileNotFound:
+            raise ConnectError("not_found", f"path {shown} not found") from None
+        except PathRefused:
+            raise ConnectError("invalid_argument", f"path {shown} not a directory") from None
+        # allow_network_mounts: a workspace is never a network mount; the flag changes nothing
+
+    @router.post("/filesystem.Filesystem/CreateWatcher")
+    async def fs_create_watcher(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            return {"watcherId": e2b.add_watcher(box.sandbox_id, watch_of(box, message))}
+
+        return await unary(request, work)
+
+    @router.post("/filesystem.Filesystem/GetWatcherEvents")
+    async def fs_watcher_events(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            watcher = e2b.watcher(box.sandbox_id, str(_field(message, "watcher_id") or ""))
+            try:
+                events = watcher.events()
+            except SandboxError as exc:
+                raise ConnectError("internal", str(exc)) from None
+            return {"events": [event_json(watcher, e) for e in events]}
+
+        return await unary(request, work, cost=0)  # in this process, no sandbox run: not an operation
+
+    @router.post("/filesystem.Filesystem/RemoveWatcher")
+    async def fs_remove_watcher(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            e2b.watcher(box.sandbox_id, str(_field(message, "watcher_id") or ""), remove=True).close()
+            return {}
+
+        return await unary(request, work, cost=0)
+
+    @router.post("/filesystem.Filesystem/WatchDir")
+    async def fs_watch_dir(request: Request) -> Response:
+        try:
+            user_of(request)
+            box, token = await sandbox_of(request)
+            message = await read_request(request)
+            e2b.check_stream_room(box.sandbox_id)
+
+            def start() -> Watcher:
+                with e2b.api.rates.use(token):
+                    return watch_of(box, message)
+
+            watcher = await run_in_threadpool(start)
+        except Exception as exc:  # noqa: BLE001 - before the stream starts: a unary-style error
+            return unary_error(to_connect(exc))
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(woken.set)
+
+        watcher.notify = wake
+        deadline = _deadline(request)
+
+        async def messages() -> AsyncIterator[dict[str, Any]]:
+            try:
+                with e2b.stream_slot(box.sandbox_id):
+                    yield {"start": {}}  # WatchDirResponse's oneof is its own field, not under "event"
+                    while True:
+                        woken.clear()
+                        try:
+                            events = await run_in_threadpool(watcher.events)
+                        except SandboxError as exc:
+                            raise _stream_error(box.sandbox_id, ConnectError("internal", str(exc))) from None
+                        for event in events:
+                            yield {"filesystem": event_json(watcher, event)}
+                        left = KEEPALIVE if deadline is None else min(KEEPALIVE, deadline - loop_time())
+                        if left <= 0:
+                            raise ConnectError("deadline_exceeded", "the watch reached its timeout")
+                        try:
+                            await asyncio.wait_for(woken.wait(), left)
+                        except TimeoutError:
+                            yield {"keepalive": {}}
+            finally:
+                watcher.close()  # the client went away, or the stream ended
+
+        return stream(messages())
+
     @router.post("/filesystem.Filesystem/{method}")
     async def fs_other(method: str) -> Response:
-        return unary_error(
-            ConnectError("unimplemented", f"filesystem.{method} is not supported by sandloop (no watching yet)")
-        )
+        return unary_error(ConnectError("unimplemented", f"filesystem.{method} is not supported by sandloop"))
 
     # -- file contents ----------------------------------------------------------------------------
     @router.get("/files")
@@ -479,6 +573,33 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
             return e2b_error_response(exc)
 
     return router
+
+
+def _field(message: dict[str, Any], name: str) -> Any:
+    """A request field by its proto name or its JSON (camelCase) name: protobuf's JSON accepts
+    both."""
+    head, *rest = name.split("_")
+    camel = head + "".join(part.title() for part in rest)
+    return message.get(camel, message.get(name))
+
+
+_EVENT_TYPES = {
+    "create": "EVENT_TYPE_CREATE",
+    "write": "EVENT_TYPE_WRITE",
+    "remove": "EVENT_TYPE_REMOVE",
+    "rename": "EVENT_TYPE_RENAME",
+    "chmod": "EVENT_TYPE_CHMOD",
+}
+
+
+def event_json(watcher: Watcher, event: WatchEvent) -> dict[str, Any]:
+    """envd's FilesystemEvent: the name relative to the watched directory, the entry's path
+    absolute."""
+    out: dict[str, Any] = {"name": event.name, "type": _EVENT_TYPES[event.type]}
+    if event.entry is not None:
+        rel = event.name if watcher.rel in ("", ".") else f"{watcher.rel}/{event.name}"
+        out["entry"] = entry_json({**event.entry, "path": rel})
+    return out
 
 
 def _metadata_of(request: Request) -> dict[str, str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,12 +27,14 @@ from sandloop.server.tokens import Token
 if TYPE_CHECKING:
     from sandloop.server.context import Api
     from sandloop.sessions import Session
+    from sandloop.sessions.watch import Watcher
 
 HOME = "/home/user"
 WORKSPACE = "/workspace"
 #: What envd version the sandboxes report: it switches the SDKs' features (default user, stdin,
-#: octet-stream uploads, 0.6.2's file metadata; not 0.6.3's watch events: watching is not served).
-ENVD_VERSION = "0.6.2"
+#: octet-stream uploads, 0.6.2's file metadata, 0.6.3's entries in watch events, 0.6.4's
+#: allow_network_mounts on a watch).
+ENVD_VERSION = "0.6.4"
 #: Template names that mean "the runtime image": sandloop serves one image.
 TEMPLATES = ("base", "code-interpreter-v1", "code-interpreter", "sandloop")
 MAX_TIMEOUT = 24 * 3600
@@ -162,6 +165,7 @@ class E2B:
         self._killing: set[str] = set()  # sandboxes being removed: gone to every caller
         self._streams: dict[str, int] = {}
         self._followers: dict[str, Follower] = {}
+        self._watchers: dict[str, tuple[str, Watcher]] = {}  # watcher id -> (sandbox, watcher)
         self._lock = threading.Lock()
         self._killed = threading.Condition(self._lock)  # a kill finished
         self._stop = threading.Event()
@@ -187,6 +191,8 @@ class E2B:
         with self._lock:
             s = self._sessions.pop(sandbox_id, None)
             self._followers.pop(sandbox_id, None)
+            for wid in [w for w, (sid, _) in self._watchers.items() if sid == sandbox_id]:
+                self._watchers.pop(wid)[1].close()
         if s is not None:
             s.close()
         self.registry.remove(sandbox_id)
@@ -309,6 +315,23 @@ class E2B:
         record.last_used = time.time()
         self.api.root.sessions.save(record)
         self.registry.set_end(box.sandbox_id, time.time() + seconds)
+
+    # -- file watchers (envd's CreateWatcher / GetWatcherEvents / RemoveWatcher) ------------------
+    def add_watcher(self, sandbox_id: str, watcher: Watcher) -> str:
+        watcher_id = "w" + secrets.token_hex(8)
+        with self._lock:
+            self._watchers[watcher_id] = (sandbox_id, watcher)
+        return watcher_id
+
+    def watcher(self, sandbox_id: str, watcher_id: str, *, remove: bool = False) -> Watcher:
+        """The sandbox's watcher of that id (another sandbox's is not found, as a missing one)."""
+        with self._lock:
+            found = self._watchers.get(watcher_id)
+            if found is None or found[0] != sandbox_id:
+                raise E2BError(404, f"watcher with id {watcher_id} not found")
+            if remove:
+                del self._watchers[watcher_id]
+        return found[1]
 
     # -- processes -------------------------------------------------------------------------------
     def procs(self, sandbox_id: str, args: dict[str, Any], timeout: float = 15.0) -> dict[str, Any]:
