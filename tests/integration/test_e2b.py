@@ -57,7 +57,10 @@ def sbx(server):
 def test_keys_are_e2b_shaped_and_work_on_the_native_api_too(server):
     assert server["alice"].startswith("e2b_") and all(c in "0123456789abcdef" for c in server["alice"][4:])
     r = httpx.post(
-        f"{server['url']}/v1/runs", json={"code": "print(6*7)"}, headers={"Authorization": f"Bearer {server['alice']}"}
+        f"{server['url']}/v1/runs",
+        json={"code": "print(6*7)"},
+        headers={"Authorization": f"Bearer {server['alice']}"},
+        timeout=120,  # the module's first run may be the machine's first on a new image (httpx's 5 s is not a bound)
     )
     assert r.status_code == 200 and r.json()["stdout"] == "42\n"
 

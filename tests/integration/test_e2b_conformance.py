@@ -332,3 +332,58 @@ def test_watching_through_the_async_sdks_stream(server):
         ("a.txt", FilesystemEventType.CHMOD),
         ("a.txt", FilesystemEventType.WRITE),
     ]
+
+
+def test_signed_file_urls_as_envd_signs_them(made):
+    """download_url / upload_url: the URL names no sandbox (the SDK's sandbox URL is one for
+    all), its signature does; a changed path, another sandbox's or a killed sandbox's signature,
+    and one past its expiration are refused with envd's error shape."""
+    import httpx
+
+    a, b = made(), made()
+    a.files.write("report.txt", "from a")
+    b.files.write("report.txt", "from b")
+    url = a.download_url("report.txt", "user")
+    assert "E2b-Sandbox-Id" not in url and "signature=v1_" in url
+    r = httpx.get(url)
+    assert r.status_code == 200 and r.text == "from a"
+    assert httpx.get(b.download_url("report.txt", "user", 60)).text == "from b"
+
+    up = a.upload_url("uploaded.txt", "user", 60)
+    r = httpx.post(up, files={"file": ("uploaded.txt", b"by url")})
+    assert r.status_code == 200, r.text
+    assert a.files.read("uploaded.txt") == "by url" and not b.files.exists("uploaded.txt")
+
+    r = httpx.get(a.download_url("report.txt", "user", use_signature_expiration=-120))
+    assert r.status_code == 401 and r.json() == {"code": 401, "message": "signature is already expired"}
+    r = httpx.get(url.replace("report.txt", "other.txt"))  # the path is signed
+    assert r.status_code == 401 and r.json()["message"] == "invalid signature"
+    r = httpx.post(url, files={"file": ("x", b"x")})  # a read signature does not write
+    assert r.status_code == 401
+    a.kill()
+    assert httpx.get(url).status_code == 401  # its token signs nothing any more
+
+
+def test_python_and_sudo_are_commands_and_sudo_gives_no_root(made):
+    """E2B's images have `python` and `sudo`; here sudo cannot give root (uid 65534, no new
+    privileges): it says so and runs the command as the sandbox's user."""
+    box = made()
+    assert box.commands.run("python -c 'print(6 * 7)'").stdout.strip() == "42"
+    for cmd in ("sudo id -u", "sudo -u root -E id -u", "sudo -- id -u"):
+        r = box.commands.run(cmd)
+        assert r.stdout.strip() == "65534" and "no root" in r.stderr, (cmd, r)
+    assert box.commands.run("echo $FOO", envs={"FOO": "bar"}).stdout.strip() == "bar"
+    assert box.commands.run('sudo echo "$FOO"').stdout.strip() == ""  # scoped to its command
+    from e2b import CommandExitException
+
+    with pytest.raises(CommandExitException):
+        box.commands.run("sudo touch /etc/owned")  # read-only root, unprivileged: it fails
+
+
+def test_an_mcp_gateway_is_refused_before_any_sandbox_exists(server):
+    from e2b import SandboxException
+
+    tag = str(uuid.uuid4())
+    with pytest.raises(SandboxException, match="Failed to start MCP gateway"):
+        Sandbox.create(timeout=60, metadata={"t": tag}, mcp={"invalid_server": {}})
+    assert Sandbox.list(query=SandboxQuery(metadata={"t": tag})).next_items() == []

@@ -21,6 +21,7 @@ RUNTIME_FILES = (
     "egress-fetch.js",
     "sandloop_stdio.py",
     "sandloop_stdio.pth",
+    "sudo",
     *BASE_FILES,
 )
 #: Bump to force a rebuild when the build procedure itself changes.

@@ -84,8 +84,10 @@ class BodyBudget:
 DEFAULT_BODIES_AT_ONCE = 4
 
 
-def _json(status: int, code: str, message: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> list[Message]:
-    body = json.dumps({"code": code, "message": message}).encode()
+def _json(
+    status: int, code: str, message: str, headers: Sequence[tuple[bytes, bytes]] = (), *, numeric: bool = False
+) -> list[Message]:
+    body = json.dumps({"code": status if numeric else code, "message": message}).encode()
     return [
         {
             "type": "http.response.start",
@@ -120,8 +122,9 @@ class RequestGuard:
     """``RequestGuard(app, tokens, body_cap=..., protected=...)``.
 
     ``body_cap(method, path)`` gives the largest body a route accepts; ``protected(path)`` says
-    whether it needs a token. ``authenticate(headers)`` replaces the token check: it returns what
-    the routes get in ``scope["state"]["token"]``, or the reason to refuse (a string).
+    whether it needs a token. ``authenticate(headers, scope)`` replaces the token check: it returns
+    what the routes get in ``scope["state"]["token"]``, or the reason to refuse (a string).
+    ``numeric_codes``: a refusal's ``code`` is its HTTP status (E2B's envd says ``{"code": 401}``).
     """
 
     def __init__(
@@ -132,13 +135,15 @@ class RequestGuard:
         body_cap: Callable[[str, str], int],
         protected: Callable[[str], bool],
         on_reject: Callable[[str], Any] | None = None,
-        authenticate: Callable[[dict[bytes, bytes]], object] | None = None,
+        authenticate: Callable[[dict[bytes, bytes], Scope], object] | None = None,
         bodies: BodyBudget | None = None,
+        numeric_codes: bool = False,
     ) -> None:
+        self.numeric_codes = numeric_codes
         self.app, self.tokens, self.body_cap, self.protected = app, tokens, body_cap, protected
         self.bodies = bodies or BodyBudget()
         self.authenticate = authenticate or (
-            lambda headers: bearer_token(
+            lambda headers, scope: bearer_token(
                 self.tokens,
                 headers.get(b"authorization", b"").decode("latin-1"),
                 headers.get(b"x-api-key", b"").decode("latin-1"),
@@ -156,7 +161,7 @@ class RequestGuard:
 
         async def refuse(status: int, code: str, message: str, extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
             self.on_reject(code)
-            for message_ in _json(status, code, message, extra):
+            for message_ in _json(status, code, message, extra, numeric=self.numeric_codes):
                 await send(message_)
 
         declared = headers.get(b"content-length")
@@ -169,7 +174,7 @@ class RequestGuard:
                 return
         found: object = None
         if self.protected(path):
-            found = self.authenticate(headers)
+            found = self.authenticate(headers, scope)
             if isinstance(found, str):
                 await refuse(401, "unauthorized", found, [(b"www-authenticate", b"Bearer")])
                 return

@@ -19,6 +19,7 @@ sends such a request to the sandbox app (envd on 49983, the code interpreter on 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -44,14 +45,26 @@ def _header(scope: Scope, name: bytes) -> str:
     return ""
 
 
+def _signed(scope: Scope) -> dict[str, str] | None:
+    """A signed file URL's query (``download_url`` / ``upload_url``): it names no sandbox, its
+    signature does."""
+    if scope["path"] != "/files" or b"signature=" not in scope.get("query_string", b""):
+        return None
+    query = parse_qs(scope["query_string"].decode("latin-1"), keep_blank_values=True)
+    return {k: v[0] for k, v in query.items()}
+
+
 class E2BSplit:
-    """Sends sandbox traffic (``E2b-Sandbox-Id`` set, not a control-plane path) to ``sandbox``."""
+    """Sends sandbox traffic (``E2b-Sandbox-Id`` set, not a control-plane path; or a signed
+    ``/files`` URL) to ``sandbox``."""
 
     def __init__(self, app: ASGIApp, sandbox: ASGIApp) -> None:
         self.app, self.sandbox = app, sandbox
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and _header(scope, b"e2b-sandbox-id") and not CONTROL_PATH.match(scope["path"]):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+        elif (_header(scope, b"e2b-sandbox-id") and not CONTROL_PATH.match(scope["path"])) or _signed(scope):
             await self.sandbox(scope, receive, send)
         else:
             await self.app(scope, receive, send)
@@ -61,10 +74,17 @@ def sandbox_app(e2b: E2B) -> ASGIApp:
     """envd and the code interpreter; every request's access token is checked before its body
     is read."""
 
-    def authenticate(headers: dict[bytes, bytes]) -> object:
+    def authenticate(headers: dict[bytes, bytes], scope: Scope) -> object:
         sandbox_id = headers.get(b"e2b-sandbox-id", b"").decode("latin-1")
         envd = headers.get(b"x-access-token", b"").decode("latin-1")
         traffic = headers.get(b"e2b-traffic-access-token", b"").decode("latin-1")
+        signed = _signed(scope)
+        if not envd and not traffic and signed is not None:  # envd's validateSigning
+            operation = "write" if scope["method"] == "POST" else "read"
+            try:
+                return (e2b.signed(sandbox_id or None, operation, signed),)
+            except E2BError as exc:
+                return exc.message
         if not envd and not traffic:
             return "send the sandbox's access token (X-Access-Token): it came with the sandbox"
         if not e2b.registry.check_access(sandbox_id, envd or None, traffic or None):
@@ -133,6 +153,7 @@ def sandbox_app(e2b: E2B) -> ASGIApp:
         protected=lambda path: path != "/health",
         authenticate=authenticate,
         on_reject=e2b.api.metrics.reject,
+        numeric_codes=True,  # envd's error shape
     )
     return guard
 

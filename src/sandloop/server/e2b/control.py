@@ -31,7 +31,9 @@ WORKSPACE_QUOTA = "1g"
 _REFUSED = {
     "autoPause": "pausing is not supported yet (no snapshots): let the sandbox time out or kill it",
     "autoResume": "pausing is not supported yet (no snapshots)",
-    "mcp": "MCP servers inside the sandbox are not supported; sandloop serves MCP itself (`sandloop mcp`)",
+    # the SDK's own words when its gateway fails (scripts match them); refused before a sandbox exists
+    "mcp": "Failed to start MCP gateway: sandloop runs no MCP gateway inside sandboxes (it would run as "
+    "root); sandloop serves MCP itself (`sandloop mcp`)",
     "network": "per-sandbox network rules are sandloop's egress allowlists: use the native API's limits.egress",
     "volumeMounts": "volume mounts are not supported; each sandbox has its own workspace at /home/user",
     "iam": "workload identity is not supported",
@@ -103,6 +105,12 @@ def control_routes(e2b: E2B) -> APIRouter:
         return out
 
     def create(token: Any, body: dict[str, Any], v1: bool) -> dict[str, Any]:
+        # first: an option refused says why before the template it implies does (the SDK names
+        # "mcp-gateway" as the template of a sandbox with MCP servers)
+        for key, why in _REFUSED.items():
+            value = body.get(key)
+            if _asks_for(value) or (key == "mcp" and isinstance(value, dict) and value):  # any server named
+                raise E2BError(400, f"{key}: {why}")
         template = body.get("templateID") or "base"
         if template not in TEMPLATES:
             raise E2BError(
@@ -118,9 +126,6 @@ def control_routes(e2b: E2B) -> APIRouter:
                 "sandloop sandboxes have no network: leave allow_internet_access unset (or False); "
                 "to reach listed hosts use the native API's egress allowlist",
             )
-        for key, why in _REFUSED.items():
-            if _asks_for(body.get(key)):
-                raise E2BError(400, f"{key}: {why}")
         timeout = _timeout(body.get("timeout"), DEFAULT_TIMEOUT)
         metadata, envs = _strings(body.get("metadata"), "metadata"), _strings(body.get("envVars"), "envVars")
         limits = api.limits_for(token, LimitsIn(runtime=api.root.settings.e2b_runtime))

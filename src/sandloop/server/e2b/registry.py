@@ -135,6 +135,12 @@ class Registry:
             ).fetchall()
         return [self._row(r) for r in rows]
 
+    def ids(self) -> list[str]:
+        """Every sandbox's id (live ones: a killed one's row is removed)."""
+        with self._lock:
+            rows = self._db.execute("SELECT sandbox_id FROM e2b_sandboxes").fetchall()
+        return [r["sandbox_id"] for r in rows]
+
     def expired(self, now: float | None = None) -> list[str]:
         with self._lock:
             rows = self._db.execute(

@@ -10,7 +10,10 @@ one nobody calls any more.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import secrets
@@ -315,6 +318,32 @@ class E2B:
         record.last_used = time.time()
         self.api.root.sessions.save(record)
         self.registry.set_end(box.sandbox_id, time.time() + seconds)
+
+    # -- signed file URLs (the SDK's download_url / upload_url, envd's validateSigning) ----------
+    def signed(self, sandbox_id: str | None, operation: str, query: dict[str, str]) -> str:
+        """The sandbox whose access token signed this ``/files`` URL; ``E2BError(401)`` says why
+        not. The URL names no sandbox (the SDK's sandbox URL is one for all): the signature does, checked
+        against each live sandbox's token in constant time. As envd: ``v1_`` + base64 of
+        sha256("path:operation:user:token[:expiration]"); past its expiration it is refused."""
+        path, user, signature = query.get("path", ""), query.get("username", ""), query.get("signature", "")
+        raw_exp = query.get("signature_expiration")
+        if raw_exp is not None and not raw_exp.lstrip("-").isdigit():
+            raise E2BError(401, "signature_expiration must be a Unix time in seconds")
+        if user not in ("", "user"):
+            raise E2BError(401, f"no user {user!r} here: the only user is 'user'")
+        candidates = [sandbox_id] if sandbox_id else self.registry.ids()
+        match = None
+        for sid in candidates:
+            token = self.registry.access_token(sid, "envd")
+            raw = ":".join([path, operation, user, token] + ([raw_exp] if raw_exp is not None else []))
+            digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
+            if hmac.compare_digest(f"v1_{digest}", signature):
+                match = sid
+        if match is None:
+            raise E2BError(401, "invalid signature")
+        if raw_exp is not None and int(raw_exp) < time.time():
+            raise E2BError(401, "signature is already expired")
+        return match
 
     # -- file watchers (envd's CreateWatcher / GetWatcherEvents / RemoveWatcher) ------------------
     def add_watcher(self, sandbox_id: str, watcher: Watcher) -> str:
