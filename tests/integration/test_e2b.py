@@ -427,6 +427,12 @@ try:
     out["seen"] = s.commands.run("cat /home/user/old.txt").stdout
     out["list"] = [e.name for e in s.files.list("/home/user")]
     out["info"] = s.get_info().sandbox_id == s.sandbox_id
+    h = s.files.watch_dir("/home/user")
+    s.files.write("/home/user/w.txt", "w")
+    out["watch"] = [[e.name, e.type.name] for e in h.get_new_events()]
+    h.stop()
+    import urllib.request
+    out["signed"] = urllib.request.urlopen(s.download_url("/home/user/old.txt")).read().decode()
 finally:
     s.kill()
 print(json.dumps(out))
@@ -456,6 +462,8 @@ def test_oldest_supported_sdk(server):
     assert out["cmd"] == "cmd\n/home/user\n" and out["exit"] == 4
     assert out["file"] == "old sdk" and out["seen"] == "old sdk" and "old.txt" in out["list"] and out["info"]
     assert out["js"] == "42" and out["df"] == {"a": [1]}
+    assert ["w.txt", "CREATE"] in out["watch"] and ["w.txt", "WRITE"] in out["watch"]
+    assert out["signed"] == "old sdk"
 
 
 def test_run_code_rich_results_in_display_order(sbx):

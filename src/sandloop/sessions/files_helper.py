@@ -50,8 +50,8 @@ def resolve(rel, must_exist=True):
     return real
 
 
-def entry(path, name):
-    st = os.lstat(path)
+def describe(st: os.stat_result, name: str) -> dict:
+    """A stat result as the file API reports it (the host's file watcher reports it the same)."""
     kind = (
         "dir"
         if stat.S_ISDIR(st.st_mode)
@@ -61,7 +61,12 @@ def entry(path, name):
         if stat.S_ISLNK(st.st_mode)
         else "other"
     )
-    info = {"name": name, "size": st.st_size, "type": kind, "mtime": st.st_mtime, "mode": stat.S_IMODE(st.st_mode)}
+    return {"name": name, "size": st.st_size, "type": kind, "mtime": st.st_mtime, "mode": stat.S_IMODE(st.st_mode)}
+
+
+def entry(path, name):
+    info = describe(os.lstat(path), name)
+    kind = info["type"]
     if kind == "symlink":
         info["target"] = os.readlink(path)
     else:
@@ -379,4 +384,5 @@ def main():
     sys.stdout.write(json.dumps(result))
 
 
-main()
+if __name__ == "__main__":  # as the program of a run; the host imports describe()
+    main()

@@ -30,7 +30,6 @@ import contextlib
 import errno
 import os
 import select
-import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from typing import Any
 from inotify_simple import INotify, flags
 
 from sandloop.contract import InvalidArgument, PathRefused, SandboxBusy, SandboxError, WorkspaceFileNotFound
+from sandloop.sessions.files_helper import describe
 
 #: Live watchers on this host, in all (each is an inotify instance: root has 128 in all).
 MAX_WATCHERS = 32
@@ -340,24 +340,8 @@ class Watcher:
         except SandboxError:
             return None
         try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            kind = (
-                "dir"
-                if stat.S_ISDIR(st.st_mode)
-                else "file"
-                if stat.S_ISREG(st.st_mode)
-                else "symlink"
-                if stat.S_ISLNK(st.st_mode)
-                else "other"
-            )
-            info: dict[str, Any] = {
-                "name": name,
-                "size": st.st_size,
-                "type": kind,
-                "mtime": st.st_mtime,
-                "mode": stat.S_IMODE(st.st_mode),
-            }
-            if kind == "symlink":
+            info: dict[str, Any] = describe(os.stat(name, dir_fd=fd, follow_symlinks=False), name)
+            if info["type"] == "symlink":
                 info["target"] = os.readlink(name, dir_fd=fd)
             return info
         except OSError:
