@@ -57,6 +57,11 @@ class OCIConfig(BaseModel):
     store: Path = Field(Path("/var/lib/sandloop/oci"), description="Exported root file systems and config templates.")
     state: Path = Field(Path("/run/sandloop/oci"), description="Bundles and the runtime's state (a tmpfs).")
     fallback: bool = Field(True, description="Run through Docker what cannot run directly (else refuse).")
+    runc_with: Literal["runc", "bwrap"] = Field(
+        "runc",
+        description="What starts runc-class sandboxes: runc, or bubblewrap with Docker's config translated "
+        "(runtime/oci/bwrap.py; runc where the translation has a gap).",
+    )
 
     def build(self, settings: Settings) -> FullBackend:
         from sandloop.runtime.docker import DockerBackend
@@ -69,7 +74,7 @@ class OCIConfig(BaseModel):
             egress_hosts=settings.egress_hosts,
             egress_upstream_ca=settings.egress_upstream_ca,
         )
-        return OCIBackend(docker, store=self.store, state=self.state, fallback=self.fallback)
+        return OCIBackend(docker, store=self.store, state=self.state, fallback=self.fallback, runc_with=self.runc_with)
 
 
 class FakeConfig(BaseModel):

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from sandloop.contract import SandboxError
 
 
 def memory_oom_kills(cgroup: str) -> int:
@@ -19,3 +24,72 @@ def memory_oom_kills(cgroup: str) -> int:
             except (IndexError, ValueError):
                 return 0
     return 0
+
+
+#: cgroup v1's hierarchies (cgroupfs, as Docker's engine here uses them).
+V1 = Path("/sys/fs/cgroup")
+
+
+def make_v1(parent: str, name: str, resources: Mapping[str, Any], controllers: Sequence[str]) -> list[Path]:
+    """The sandbox's cgroups ``<controller>/<parent>/<name>`` with the OCI config's
+    ``resources`` (memory+swap, CPU quota, pids), each limit read back: a sandbox must never run
+    without them. On any failure nothing made is left.
+
+    Raises:
+        SandboxError: a limit is missing from the config or did not take.
+    """
+    made: list[Path] = []
+
+    def directory(controller: str) -> Path:
+        d = V1 / controller / parent / name
+        d.mkdir(parents=True)
+        made.append(d)
+        return d
+
+    def write(d: Path, key: str, value: int) -> None:
+        (d / key).write_text(str(value))
+        if int((d / key).read_text()) > value:  # the kernel rounds a memory limit down to pages
+            raise OSError(f"{key} did not take")
+
+    try:
+        for controller in controllers:
+            d = directory(controller)
+            if controller == "memory":
+                memory = resources.get("memory") or {}
+                if not memory.get("limit"):
+                    raise SandboxError("refusing to start a sandbox without a memory limit in its config")
+                write(d, "memory.limit_in_bytes", int(memory["limit"]))
+                if memory.get("swap"):
+                    write(d, "memory.memsw.limit_in_bytes", int(memory["swap"]))
+            elif controller == "cpu":
+                cpu = resources.get("cpu") or {}
+                if cpu.get("quota"):
+                    write(d, "cpu.cfs_period_us", int(cpu.get("period") or 100_000))
+                    write(d, "cpu.cfs_quota_us", int(cpu["quota"]))
+                if cpu.get("shares"):
+                    write(d, "cpu.shares", int(cpu["shares"]))
+            elif controller == "pids":
+                limit = (resources.get("pids") or {}).get("limit")
+                if not limit:
+                    raise SandboxError("refusing to start a sandbox without a pids limit in its config")
+                write(d, "pids.max", int(limit))
+    except OSError as exc:
+        remove(made)
+        raise SandboxError(f"could not set the sandbox's cgroup limits: {exc}") from exc
+    except BaseException:
+        remove(made)
+        raise
+    return made
+
+
+def join(directories: Sequence[Path], pid: int) -> None:
+    """Move ``pid`` into each cgroup (its children to come follow it)."""
+    for d in directories:
+        (d / "cgroup.procs").write_text(str(pid))
+
+
+def remove(directories: Sequence[Path]) -> None:
+    """rmdir each (empty) cgroup; one still in use stays (the reaper retries)."""
+    for d in directories:
+        with contextlib.suppress(OSError):
+            d.rmdir()

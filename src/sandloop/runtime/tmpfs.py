@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sandloop.contract import SandboxError, SandboxLimits
 
-MS_NOSUID, MS_NODEV = 2, 4
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 MNT_DETACH = 2
 
 
@@ -36,15 +36,16 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def mount_host_tmpfs(target: Path, limits: SandboxLimits) -> None:
-    """Mount a fresh tmpfs with ``limits``' size, inode cap and mode at ``target`` (made here).
+def mount_host_tmpfs(target: Path, options: SandboxLimits | str, flags: int = MS_NOSUID | MS_NODEV) -> None:
+    """Mount a fresh tmpfs at ``target`` (made here): ``options`` is a limits' size, inode cap and
+    mode, or a mount's data (``size=...,nr_inodes=...,mode=...``); ``flags`` the mount flags.
 
     Raises:
         SandboxError: the host refused the mount (not root, or out of memory).
     """
     target.mkdir(mode=0o700)
-    data = tmp_options(limits).encode()
-    if _libc().mount(b"tmpfs", str(target).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, data) != 0:
+    data = (tmp_options(options) if isinstance(options, SandboxLimits) else options).encode()
+    if _libc().mount(b"tmpfs", str(target).encode(), b"tmpfs", flags, data) != 0:
         err = ctypes.get_errno()
         raise SandboxError(f"could not mount the sandbox's /tmp at {target}: {os.strerror(err)} (run as root)")
 

@@ -49,9 +49,10 @@ from sandloop.contract import CellResult, ExecutionResult, HostDiskFull, Sandbox
 from sandloop.contract.egress import Secret
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
-from sandloop.runtime.cgroup import memory_oom_kills
+from sandloop.runtime.cgroup import make_v1, memory_oom_kills
 from sandloop.runtime.docker import DockerBackend, LiveSandbox
 from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
+from sandloop.runtime.oci import bwrap
 from sandloop.runtime.oci.config import Templates, binds_host_tmp, docker_bundle_config, parity_problems, render
 from sandloop.runtime.oci.store import RootfsStore
 from sandloop.runtime.oci.stream import PipeChannel
@@ -94,14 +95,18 @@ def _cgroup_dirs(sandbox_id: str) -> list[Path]:
     return [p for p in (c / CGROUP_PARENT / sandbox_id for c in base.iterdir()) if p.is_dir()]
 
 
-#: The host tmpfs that is a runsc sandbox's /tmp, inside its bundle (runtime/tmpfs.py).
-HOST_TMP = "tmp"
+#: The host tmpfs that is a runsc (or bwrap) sandbox's /tmp, inside its bundle (runtime/tmpfs.py),
+#: and a bwrap sandbox's /dev/shm.
+HOST_TMP, HOST_SHM = "tmp", "shm"
+#: ``DirectSandbox.runtime`` of a runc-class sandbox bubblewrap started (bwrap.py).
+BWRAP = "bwrap"
 
 
 def _remove_tree(path: Path) -> None:
     """rmtree that also survives a file appearing meanwhile (the runtime's last log line); a
-    bundle's host tmpfs is detached first (rmtree would only empty it)."""
+    bundle's host tmpfs mounts are detached first (rmtree would only empty them)."""
     unmount_host_tmpfs(path / HOST_TMP)
+    unmount_host_tmpfs(path / HOST_SHM)
     for _ in range(3):
         shutil.rmtree(path, ignore_errors=True)
         if not path.exists():
@@ -122,8 +127,16 @@ class OCIBackend:
         state: Path = Path("/run/sandloop/oci"),
         fallback: bool = True,
         teardown_threads: int = 2,
+        runc_with: str = "runc",
     ) -> None:
         self.docker = docker
+        #: What starts runc-class sandboxes: runc itself, or bubblewrap (bwrap.py) where its
+        #: translation of Docker's config has no gap (else runc).
+        self.runc_with = runc_with
+        self._bwrap = bwrap.bwrap_path() if runc_with == BWRAP else None
+        if runc_with == BWRAP and self._bwrap is None:
+            log.warning("runc_with=bwrap, but bwrap is not installed (apt-get install bubblewrap): runc starts them")
+        self._bwrap_gaps: dict[str, str] = {}
         self.workspaces = docker.workspaces
         self.state = state
         self.fallback = fallback
@@ -327,7 +340,9 @@ class OCIBackend:
             return self.docker.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
         self._prefetch(rootfs)
         template = self.templates.get(spec)
-        runtime = spec.limits.runtime
+        runtime: str = spec.limits.runtime
+        if runtime == "runc" and self._bwrap is not None and not self.bwrap_gaps(template):
+            runtime = BWRAP
         sandbox_id = f"sandloop-{uuid.uuid4().hex[:20]}"
         labels = {**owner_labels(purpose, lifetime_seconds), **dict(spec.labels), RUNTIME_LABEL: runtime}
         bundles = self.state / "bundles"
@@ -345,7 +360,12 @@ class OCIBackend:
         tmp = bundles / f".{sandbox_id}"
         tmp.mkdir(mode=0o700)
         (tmp / "config.json").write_text(json.dumps(config))
+        if runtime == BWRAP:  # bwrap runs as the sandbox's user: it must reach its mounts (not list)
+            (tmp / "config.json").chmod(0o600)
+            tmp.chmod(0o711)
         tmp.rename(bundle)
+        if runtime == BWRAP:
+            return self._launch_bwrap(config, rootfs, bundle, sandbox_id, spec)
         if host_tmp is not None:
             try:
                 mount_host_tmpfs(host_tmp, spec.limits)
@@ -389,6 +409,48 @@ class OCIBackend:
             os.close(fd)
         return DirectSandbox(sandbox_id, proc, PipeChannel(out_r, err_r), in_w, spec, time.monotonic(), runtime, bundle)
 
+    def bwrap_gaps(self, template: Mapping[str, Any]) -> str:
+        """Why bubblewrap cannot start this template's sandboxes ('' when it can)."""
+        key = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
+        if key not in self._bwrap_gaps:
+            self._bwrap_gaps[key] = "; ".join(bwrap.gaps(template))
+        return self._bwrap_gaps[key]
+
+    def _launch_bwrap(
+        self, config: dict[str, Any], rootfs: Path, bundle: Path, sandbox_id: str, spec: SandboxSpec
+    ) -> DirectSandbox:
+        assert self._bwrap is not None
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            proc = bwrap.start(
+                config,
+                bwrap=self._bwrap,
+                rootfs=rootfs,
+                bundle=bundle,
+                hostname_file=self._hostname_file(),
+                cgroup_parent=CGROUP_PARENT,
+                sandbox_id=sandbox_id,
+                stdio=(in_r, out_w, err_w),
+            )
+        except BaseException as exc:
+            os.close(err_w)
+            said = b""
+            if isinstance(exc, SandboxError):  # bwrap's own words, on the stderr it was given
+                os.set_blocking(err_r, False)
+                with contextlib.suppress(OSError):
+                    said = os.read(err_r, 4096)
+            for fd in (in_r, in_w, out_r, out_w, err_r):
+                os.close(fd)
+            _remove_tree(bundle)
+            if said:
+                raise SandboxError(f"{exc}: {said.decode(errors='replace').strip()}") from exc
+            raise
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        return DirectSandbox(sandbox_id, proc, PipeChannel(out_r, err_r), in_w, spec, time.monotonic(), BWRAP, bundle)
+
     @staticmethod
     def _prefetch(rootfs: Path, *, wait: bool = False, force: bool = False) -> None:
         # Direct runs map their programs from the store, not from Docker's layers: those are the
@@ -410,22 +472,7 @@ class OCIBackend:
         limits of Docker's config, before runsc starts: runsc joins a cgroup that exists without
         touching its settings (hence the read-back: a memory cgroup without its limit must never
         run code) and leaves it for ``_forget_stopped`` to read and remove."""
-        memory = config["linux"].get("resources", {}).get("memory") or {}
-        limit, swap = memory.get("limit"), memory.get("swap")
-        if not limit:
-            raise SandboxError("refusing to start runsc without a memory limit in its config")
-        directory = Path(f"/sys/fs/cgroup/memory/{CGROUP_PARENT}/{sandbox_id}")
-        directory.mkdir(parents=True)
-        try:
-            (directory / "memory.limit_in_bytes").write_text(str(limit))
-            if swap:
-                (directory / "memory.memsw.limit_in_bytes").write_text(str(swap))
-            if int((directory / "memory.limit_in_bytes").read_text()) > limit:
-                raise OSError("the memory limit did not take")
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-            raise SandboxError(f"could not set the memory limit of a runsc sandbox: {exc}") from exc
+        make_v1(CGROUP_PARENT, sandbox_id, config["linux"].get("resources") or {}, ("memory",))
 
     def is_alive(self, sandbox: DirectSandbox | LiveSandbox) -> bool:
         if isinstance(sandbox, LiveSandbox):
@@ -514,10 +561,14 @@ class OCIBackend:
 
     def _kill(self, sandbox: DirectSandbox) -> None:
         """SIGKILL the container's PID 1 (the kernel then kills the whole PID namespace)."""
+        self._kill_pid_file(sandbox.bundle, sandbox.id)
+
+    @staticmethod
+    def _kill_pid_file(bundle: Path, sandbox_id: str) -> None:
         with contextlib.suppress(OSError, ValueError):
-            pid = int((sandbox.bundle / "pid").read_text())
+            pid = int((bundle / "pid").read_text())
             cgroup = Path(f"/proc/{pid}/cgroup").read_text()
-            if sandbox.id in cgroup:  # never a reused pid
+            if sandbox_id in cgroup:  # never a reused pid
                 os.kill(pid, signal.SIGKILL)
 
     # -- sessions: through Docker ---------------------------------------------------------------
@@ -625,12 +676,19 @@ class OCIBackend:
         return True
 
     def _delete(self, sandbox_id: str, runtime: str) -> None:
-        argv = self._runtimes.get(runtime, [runtime])
-        subprocess.run(
-            [*argv, "--root", str(self.state / "runtime" / runtime), "delete", "--force", sandbox_id],
-            capture_output=True,
-            timeout=30,
-        )
+        if runtime == BWRAP:  # no runtime state: its processes (by its pid file), cgroups, bundle
+            self._kill_pid_file(self.state / "bundles" / sandbox_id, sandbox_id)
+            for _ in range(200):
+                if not any((d / "cgroup.procs").read_text().strip() for d in _cgroup_dirs(sandbox_id)):
+                    break
+                time.sleep(0.01)
+        else:
+            argv = self._runtimes.get(runtime, [runtime])
+            subprocess.run(
+                [*argv, "--root", str(self.state / "runtime" / runtime), "delete", "--force", sandbox_id],
+                capture_output=True,
+                timeout=30,
+            )
         for directory in _cgroup_dirs(sandbox_id):  # runc removes them; this is for a crash
             with contextlib.suppress(OSError):
                 directory.rmdir()

@@ -1,0 +1,426 @@
+"""runc-class sandboxes started by bubblewrap: Docker's config for the spec, translated to bwrap.
+
+The direct backend captures the OCI config Docker hands runc (``config.py``); this module turns
+that same config into a ``bwrap`` command line, so every control comes from Docker's own choice
+and nothing is restated by hand. What bwrap itself cannot set is done by the host around it,
+while bwrap waits on ``--block-fd`` (its child made, namespaces set up, the program not started):
+
+- **user**: bwrap runs as the config's uid/gid (65534) with no supplementary groups but the
+  config's; in its user namespace the sandbox's uid is 65534 and, seen from the host, so is every
+  process of it (``/proc/PID/uid_map`` reads ``65534 65534 1``). Never root on the host, unlike a
+  bwrap started as root with a user namespace (which maps the sandbox to root).
+- **namespaces**: user, mount, pid, net (only ``lo``), ipc, uts (hostname ``sandbox``), cgroup.
+- **seccomp**: the config's profile compiled once with libseccomp (``pyseccomp``) to BPF and
+  handed to bwrap (``--seccomp FD``): no per-run compile (runc compiles it every run).
+- **capabilities**: none (``--cap-drop ALL``: every set empty, the bounding set too);
+  ``no_new_privs`` is set by bwrap.
+- **files**: the image's rootfs read-only; a new /proc with Docker's masked paths masked and
+  ``/proc/{sys,sysrq-trigger,irq,bus}`` read-only (bwrap's own), ``/proc/fs`` masked; bwrap's
+  minimal /dev (null, zero, full, random, urandom, tty, pts); /dev/mqueue; /tmp and /dev/shm as
+  host tmpfs mounts with the config's size, inode cap, mode and ``noexec,nosuid,nodev``
+  (``runtime/tmpfs.py``); /etc/hostname; /sys is an empty read-only tmpfs but for
+  ``/sys/devices/system/cpu`` (read-only): stricter than Docker's read-only sysfs.
+- **limits**: memory+swap, CPU quota, pids in cgroups the host makes (``runtime/cgroup.py``) and
+  moves the waiting child into; ``RLIMIT_*`` set in bwrap's process before it starts; the two network sysctls
+  Docker sets (unprivileged ports from 0, ping) written in its network namespace. OOM is read
+  from the memory cgroup's counter as for runc.
+
+``gaps(config)`` lists what a config asks for that this translation does not reproduce (then the
+run goes to runc, or is refused without fallback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from sandloop.contract import SandboxError
+from sandloop.runtime.cgroup import join, make_v1, remove
+from sandloop.runtime.tmpfs import MS_NODEV, MS_NOEXEC, MS_NOSUID, mount_host_tmpfs
+
+#: The namespaces Docker's config asks for that this translation makes (it also makes user and
+#: cgroup namespaces, which Docker's runc config on this host does not).
+NAMESPACES = {"mount", "network", "uts", "pid", "ipc", "cgroup", "user"}
+#: The mount destinations of Docker's config that are translated (others: a gap).
+MOUNTS = {"/proc", "/dev", "/dev/pts", "/dev/mqueue", "/dev/shm", "/sys", "/sys/fs/cgroup", "/tmp", "/etc/hostname"}
+#: bwrap's --dev makes these devices: Docker's allowed set is the same.
+DEVICES = {(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 1), (5, 2), (136, None)}
+#: What /proc paths bwrap's --proc already makes read-only.
+BWRAP_READONLY = {"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"}
+CLONE_NEWNET = 0x40000000
+#: The sysctls Docker's config sets that are written in the sandbox's network namespace.
+NET_SYSCTLS = ("net.ipv4.ip_unprivileged_port_start", "net.ipv4.ping_group_range")
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+def gaps(config: Mapping[str, Any]) -> list[str]:
+    """What ``config`` asks for that the bwrap translation does not give (empty: none)."""
+    out: list[str] = []
+    linux = config.get("linux") or {}
+    process = config.get("process") or {}
+    kinds = {n.get("type") for n in linux.get("namespaces") or []}
+    if kinds - NAMESPACES:
+        out.append(f"namespaces {sorted(kinds - NAMESPACES)}")
+    if any(n.get("path") for n in linux.get("namespaces") or []):
+        out.append("a namespace joined by path")
+    if linux.get("uidMappings") or linux.get("gidMappings"):
+        out.append("user namespace mappings")
+    caps = process.get("capabilities") or {}
+    if any(caps.get(k) for k in ("bounding", "effective", "permitted", "inheritable", "ambient")):
+        out.append("capabilities")
+    if not process.get("noNewPrivileges"):
+        out.append("no noNewPrivileges")
+    user = process.get("user") or {}
+    if not user.get("uid") or not user.get("gid"):
+        out.append("a root user")
+    if process.get("apparmorProfile") or process.get("selinuxLabel"):
+        out.append("an AppArmor or SELinux label")
+    if config.get("hooks") and any(config["hooks"].values()):
+        out.append("hooks")
+    if not (config.get("root") or {}).get("readonly"):
+        out.append("a writable root")
+    for m in config.get("mounts") or []:
+        if m.get("destination") not in MOUNTS:
+            out.append(f"the mount at {m.get('destination')}")
+    for d in (linux.get("resources") or {}).get("devices") or []:
+        if d.get("allow") and (d.get("major"), d.get("minor")) not in DEVICES and (d.get("major"), None) not in DEVICES:
+            out.append(f"device {d.get('major')}:{d.get('minor')}")
+    for d in linux.get("devices") or []:
+        out.append(f"device node {d.get('path')}")
+    sysctl = set((linux.get("sysctl") or {}).keys()) - set(NET_SYSCTLS)
+    if sysctl:
+        out.append(f"sysctls {sorted(sysctl)}")
+    if "seccomp" not in linux:
+        out.append("no seccomp profile")
+    return out
+
+
+# -- seccomp ------------------------------------------------------------------------------------------
+_ACTIONS = {"SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_KILL_THREAD"}
+_ACTIONS |= {"SCMP_ACT_TRAP", "SCMP_ACT_LOG"}
+_lock = threading.Lock()
+_compiled: dict[str, bytes] = {}
+
+
+def _action(seccomp: Any, name: str, errno_ret: int | None) -> Any:
+    if name not in _ACTIONS:
+        raise ValueError(f"seccomp action {name} is not supported by the bwrap translation")
+    if name == "SCMP_ACT_ERRNO":
+        return seccomp.ERRNO(errno_ret if errno_ret is not None else 1)  # runc's default: EPERM
+    return getattr(seccomp, name[len("SCMP_ACT_") :])
+
+
+def compile_seccomp(profile: Mapping[str, Any]) -> bytes:
+    """The OCI seccomp profile as a BPF program (what runc loads), compiled once per profile.
+    Unknown syscall names are skipped, as runc skips them."""
+    key = hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()
+    with _lock:
+        if key in _compiled:
+            return _compiled[key]
+    import pyseccomp as seccomp
+
+    ops = {
+        "SCMP_CMP_NE": seccomp.NE,
+        "SCMP_CMP_LT": seccomp.LT,
+        "SCMP_CMP_LE": seccomp.LE,
+        "SCMP_CMP_EQ": seccomp.EQ,
+        "SCMP_CMP_GE": seccomp.GE,
+        "SCMP_CMP_GT": seccomp.GT,
+        "SCMP_CMP_MASKED_EQ": seccomp.MASKED_EQ,
+    }
+    f = seccomp.SyscallFilter(_action(seccomp, profile["defaultAction"], profile.get("defaultErrnoRet")))
+    for arch in profile.get("architectures") or []:
+        with contextlib.suppress(Exception):  # the native one is there already
+            f.add_arch(getattr(seccomp.Arch, arch[len("SCMP_ARCH_") :]))
+    for rule in profile.get("syscalls") or []:
+        action = _action(seccomp, rule["action"], rule.get("errnoRet"))
+        args = [
+            seccomp.Arg(a["index"], ops[a["op"]], a.get("value", 0), a.get("valueTwo", 0))
+            for a in rule.get("args") or []
+        ]
+        for name in rule.get("names") or []:
+            with contextlib.suppress(Exception):  # a syscall this libseccomp or arch does not know
+                f.add_rule(action, name, *args)
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        bpf = out.read()
+    with _lock:
+        _compiled[key] = bpf
+    return bpf
+
+
+def seccomp_fd(bpf: bytes) -> int:
+    """A file descriptor bwrap reads the program from (its own: bwrap reads it to the end)."""
+    fd = os.memfd_create("sandloop-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, bpf)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+# -- the command line ---------------------------------------------------------------------------------
+@functools.cache
+def _exists(path: str) -> str:
+    """'file', 'dir' or '' for a /proc or /sys path on this host's kernel."""
+    p = Path(path)
+    return "dir" if p.is_dir() else "file" if p.exists() else ""
+
+
+def argv(
+    config: Mapping[str, Any],
+    *,
+    bwrap: str,
+    rootfs: Path,
+    tmp: Path,
+    shm: Path,
+    hostname_file: Path,
+    seccomp: int,
+    info: int,
+    block: int,
+) -> list[str]:
+    """bwrap's command line for Docker's ``config`` (``gaps(config)`` empty)."""
+    process = config["process"]
+    user = process["user"]
+    out = [
+        bwrap,
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup",
+        "--uid",
+        str(user["uid"]),
+        "--gid",
+        str(user["gid"]),
+        "--hostname",
+        str(config.get("hostname") or "sandbox"),
+        "--die-with-parent",
+        "--as-pid-1",  # the config's own PID 1 (tini) reaps, as under runc: no bwrap init
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--ro-bind",
+        str(rootfs),
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--mqueue",
+        "/dev/mqueue",
+        "--bind",
+        str(shm),
+        "/dev/shm",
+        "--bind",
+        str(tmp),
+        "/tmp",
+        "--ro-bind",
+        str(hostname_file),
+        "/etc/hostname",
+        "--tmpfs",
+        "/sys",
+        "--ro-bind",
+        "/sys/devices/system/cpu",
+        "/sys/devices/system/cpu",
+        "--remount-ro",
+        "/sys",
+    ]
+    linux = config.get("linux") or {}
+    masked = [p for p in linux.get("maskedPaths") or [] if p.startswith("/proc/")]
+    masked += [p for p in linux.get("readonlyPaths") or [] if p not in BWRAP_READONLY]
+    for path in masked:
+        kind = _exists(path)
+        if kind == "dir":
+            out += ["--tmpfs", path, "--remount-ro", path]
+        elif kind == "file":
+            out += ["--ro-bind", "/dev/null", path]
+    out += ["--clearenv"]
+    for pair in process.get("env") or []:
+        name, _, value = pair.partition("=")
+        out += ["--setenv", name, value]
+    out += ["--chdir", process.get("cwd") or "/"]
+    out += ["--seccomp", str(seccomp), "--info-fd", str(info), "--block-fd", str(block), "--", *process["args"]]
+    return out
+
+
+# -- around it, while it waits ----------------------------------------------------------------------
+RLIMITS = {name: getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")}
+
+
+def rlimits(config: Mapping[str, Any]) -> Callable[[], None]:
+    """What sets the config's ``RLIMIT_*`` in bwrap's own process before it starts (its sandbox
+    inherits them). Not ``prlimit`` on the waiting child from here: that needs CAP_SYS_RESOURCE,
+    which this host withholds even from root (measured: EPERM). It runs in the forked child, so it
+    only makes system calls on values computed here (no allocation, no lock)."""
+    pairs = [
+        (RLIMITS[limit["type"]], (int(limit["soft"]), int(limit["hard"])))
+        for limit in (config.get("process") or {}).get("rlimits") or []
+    ]
+    setrlimit = resource.setrlimit
+
+    def lower() -> None:
+        for which, values in pairs:
+            setrlimit(which, values)
+
+    return lower
+
+
+def set_net_sysctls(pid: int, config: Mapping[str, Any]) -> None:
+    """Docker's network sysctls, written in the sandbox's network namespace (a thread of its
+    own enters it: a network namespace is per thread, and this one ends with the thread)."""
+    wanted = {k: v for k, v in ((config.get("linux") or {}).get("sysctl") or {}).items() if k.startswith("net.")}
+    if not wanted:
+        return
+    failure: list[BaseException] = []
+
+    def enter_and_write() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "setns")
+            finally:
+                os.close(fd)
+            for key, value in wanted.items():
+                with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
+                    f.write(value)
+        except BaseException as exc:  # noqa: BLE001 - reported to the launching thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=enter_and_write, name="sandloop-bwrap-sysctl")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
+def read_child_pid(fd: int) -> int | None:
+    """bwrap's ``--info-fd`` JSON (written once its child waits): the child's pid, or None when
+    bwrap failed before (it then exits with its reason on stderr)."""
+    chunks = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    try:
+        return int(json.loads(b"".join(chunks) or b"{}")["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+#: The controllers a bwrap sandbox's cgroups are made in (runc makes them in every hierarchy;
+#: these are the ones Docker's config sets limits in, plus cpuacct for its CPU time).
+CONTROLLERS = ("memory", "cpu", "cpuacct", "pids")
+
+
+def start(
+    config: Mapping[str, Any],
+    *,
+    bwrap: str,
+    rootfs: Path,
+    bundle: Path,
+    hostname_file: Path,
+    cgroup_parent: str,
+    sandbox_id: str,
+    stdio: tuple[int, int, int],
+) -> subprocess.Popen[bytes]:
+    """Start the sandbox: host tmpfs mounts and cgroups made, bwrap started as the config's user;
+    once its child waits, the child is moved into the cgroups, given its rlimits and network
+    sysctls, its pid written to ``bundle/pid``, then let go. Anything that fails leaves no
+    process and no cgroup (the caller removes the bundle and its mounts).
+
+    Raises:
+        SandboxError: bwrap could not set the sandbox up (its own words), or a limit did not take.
+    """
+    linux = config.get("linux") or {}
+    mounts = {m["destination"]: m for m in config.get("mounts") or []}
+    tmp, shm = bundle / "tmp", bundle / "shm"
+    mount_host_tmpfs(tmp, _tmpfs_data(mounts.get("/tmp")), _tmpfs_flags(mounts.get("/tmp")))
+    mount_host_tmpfs(shm, _tmpfs_data(mounts.get("/dev/shm")), _tmpfs_flags(mounts.get("/dev/shm")))
+    cgroups = make_v1(cgroup_parent, sandbox_id, linux.get("resources") or {}, CONTROLLERS)
+    bpf = seccomp_fd(compile_seccomp(linux["seccomp"]))
+    info_r, info_w = os.pipe2(os.O_CLOEXEC)
+    block_r, block_w = os.pipe2(os.O_CLOEXEC)
+    user = config["process"]["user"]
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        command = argv(
+            config,
+            bwrap=bwrap,
+            rootfs=rootfs,
+            tmp=tmp,
+            shm=shm,
+            hostname_file=hostname_file,
+            seccomp=bpf,
+            info=info_w,
+            block=block_r,
+        )
+        stdin, stdout, stderr = stdio
+        proc = subprocess.Popen(
+            command,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            pass_fds=(bpf, info_w, block_r),
+            user=int(user["uid"]),
+            group=int(user["gid"]),
+            extra_groups=[int(g) for g in user.get("additionalGids") or []],
+            start_new_session=True,
+            preexec_fn=rlimits(config),  # noqa: PLW1509 - system calls only (see rlimits)
+        )
+        os.close(info_w)
+        info_w = -1
+        child = read_child_pid(info_r)
+        if child is None:
+            proc.wait(timeout=30)
+            raise SandboxError(f"bwrap could not set up the sandbox (exit {proc.returncode}): see its stderr")
+        join(cgroups, child)
+        set_net_sysctls(child, config)
+        (bundle / "pid").write_text(str(child))
+        os.write(block_w, b"go")
+        return proc
+    except BaseException as exc:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        remove(cgroups)
+        if isinstance(exc, OSError | ValueError):
+            raise SandboxError(f"could not start the bwrap sandbox: {exc}") from exc
+        raise
+    finally:
+        for fd in (bpf, info_r, info_w, block_r, block_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def _tmpfs_data(mount: Mapping[str, Any] | None) -> str:
+    keep = ("size=", "nr_inodes=", "mode=")
+    return ",".join(o for o in (mount or {}).get("options") or [] if o.startswith(keep)) or "size=64m,mode=1777"
+
+
+def _tmpfs_flags(mount: Mapping[str, Any] | None) -> int:
+    options = set((mount or {}).get("options") or [])
+    return (
+        (MS_NOSUID if "nosuid" in options else 0)
+        | (MS_NODEV if "nodev" in options else 0)
+        | (MS_NOEXEC if "noexec" in options else 0)
+    )
