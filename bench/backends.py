@@ -1,9 +1,12 @@
-"""The Docker backend beside the direct OCI backend (issue 12's targets), in one run, round-robin.
+"""Docker, the direct OCI backend with runc, and with bubblewrap starting runc-class sandboxes
+(issues 12 and 26), beside the floor (Debian's ``python3 -c`` on the host), in one run, round-robin.
 
     make bench-backends        # or: .venv/bin/python bench/backends.py --out docs/benchmarks.md
 
 Measures, for each backend with the same limits: 30 back-to-back ``run_code("print(1)")`` through
-the warm pool; cold runs (no pool); warm hits (pool refilled between runs); 100 runs on 4 threads;
+the warm pool; cold runs (no pool) and the CPU they cost (user+sys of every process sandloop
+spawned and waited for: runc's or bwrap's, the sandbox's; not dockerd's, whose children are its
+own); warm hits (pool refilled between runs); runs on 4 and 16 threads; a 10,000-line print;
 HumanEval's 164 canonical solutions on 4 threads against local subprocesses (the floor); and, on
 the direct backend, 500 runs then the leftovers (runtime states, cgroups, bundles, zombies, writes
 to the exported root file system).
@@ -15,6 +18,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,11 +40,29 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+#: The columns: a name and the backend setting behind it.
+BACKENDS = {"docker": "docker", "oci": "oci", "oci+bwrap": {"type": "oci", "runc_with": "bwrap"}}
+FLOOR = "/usr/bin/python3"  # the interpreter the runtime image runs, on the host
+TEN_K = "for i in range(10000):\n    print(i)"
+
+
 def roots(name: str, runtime: str) -> tuple[Sandloop, Sandloop]:
+    backend = BACKENDS[name]
     return (
-        Sandloop(Settings(backend=name, pool_size=4, pool_refill_concurrency=2)),
-        Sandloop(Settings(backend=name, pool_size=0)),
+        Sandloop(Settings(backend=backend, pool_size=4, pool_refill_concurrency=2)),
+        Sandloop(Settings(backend=backend, pool_size=0)),
     )
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def floor_ms(code: str = PRINT1) -> float:
+    t = time.perf_counter()
+    subprocess.run([FLOOR, "-c", code], capture_output=True, check=True)
+    return (time.perf_counter() - t) * 1000
 
 
 def check(root: Sandloop, runtime: str, code: str = PRINT1, expect: str = "1\n") -> float:
@@ -71,6 +93,21 @@ def run_all(fn: Callable[[str], bool], programs: list[str], threads: int) -> tup
 
 def local(code: str) -> bool:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30).returncode == 0
+
+
+def idle_memory_mib(oci: object) -> dict[str, float]:
+    """Mean ``memory.usage_in_bytes`` of the idle sandboxes' cgroups, per column: Docker's under
+    ``docker/``, the direct ones under ``sandloop/`` (runc's have a runtime state, bwrap's none)."""
+    assert isinstance(oci, OCIBackend)
+    memory = Path("/sys/fs/cgroup/memory")
+    found: dict[str, list[int]] = {"docker": [], "oci": [], "oci+bwrap": []}
+    for d in (memory / "docker").glob("*"):
+        if d.is_dir():
+            found["docker"].append(int((d / "memory.usage_in_bytes").read_text()))
+    for d in (memory / "sandloop").glob("sandloop-*"):
+        column = "oci" if (oci.state / "runtime" / "runc" / d.name).exists() else "oci+bwrap"
+        found[column].append(int((d / "memory.usage_in_bytes").read_text()))
+    return {k: statistics.mean(v) / 2**20 for k, v in found.items() if v}
 
 
 def leftovers(backend: OCIBackend) -> dict[str, int]:
@@ -104,7 +141,7 @@ def main() -> None:
     ap.add_argument("--no-humaneval", action="store_true")
     ap.add_argument("--out", type=Path, help="also append the table to this markdown file")
     args = ap.parse_args()
-    names = ["docker", "oci"]
+    names = list(BACKENDS)
     made = {name: roots(name, args.runtime) for name in names}
     limits = SandboxLimits(runtime=args.runtime)
     for warm, cold in made.values():
@@ -119,13 +156,19 @@ def main() -> None:
     for _ in range(args.runs):
         for n in names:
             b2b[n].append(check(made[n][0], args.runtime))
-    # cold, round-robin
-    cold: dict[str, list[float]] = {n: [] for n in names}
+    # cold, round-robin, and the CPU each backend's cold runs cost (what it spawned and waited for)
+    cold: dict[str, list[float]] = {n: [] for n in names + ["floor"]}
+    cpu: dict[str, float] = {n: 0.0 for n in names + ["floor"]}
     for _ in range(args.runs):
         for n in names:
+            before = children_cpu()
             cold[n].append(check(made[n][1], args.runtime))
             if isinstance(made[n][1].backend, OCIBackend):
                 made[n][1].backend.drain(60)  # teardown is off the request path: timed by the backend
+            cpu[n] += children_cpu() - before
+        before = children_cpu()
+        cold["floor"].append(floor_ms())
+        cpu["floor"] += children_cpu() - before
     # warm hits: a spaced-out run, once the pool is full and the last teardown is done
     hit: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(args.runs):
@@ -137,22 +180,56 @@ def main() -> None:
                 warm_root.backend.drain(60)
             time.sleep(0.3)
             hit[n].append(check(warm_root, args.runtime))
+    result["floor"] = {
+        "cold p50 ms": statistics.median(cold["floor"]),
+        "CPU per cold run ms": cpu["floor"] / args.runs * 1000,
+    }
+    for n in names:
+        if n != "docker":  # dockerd's children are not ours to measure
+            result[n]["CPU per cold run ms"] = cpu[n] / args.runs * 1000
+            result[n]["sandbox start CPU per run ms (less the floor's)"] = (cpu[n] - cpu["floor"]) / args.runs * 1000
+        result[n]["cold p50 ÷ floor"] = statistics.median(cold[n]) / result["floor"]["cold p50 ms"]
+        result[n]["back-to-back p50 ÷ floor"] = statistics.median(b2b[n]) / result["floor"]["cold p50 ms"]
     for n in names:
         result[n]["back-to-back p50 ms"] = statistics.median(b2b[n])
         result[n]["back-to-back p90 ms"] = pct(b2b[n], 0.9)
         result[n]["cold p50 ms"] = statistics.median(cold[n])
         result[n]["warm hit p50 ms"] = statistics.median(hit[n])
-    cold_oci = made["oci"][1].backend
-    assert isinstance(cold_oci, OCIBackend)
-    result["oci"]["teardown after a cold run p50 ms"] = statistics.median(cold_oci.teardown_seconds) * 1000
+    for n in ("oci", "oci+bwrap"):
+        cold_oci = made[n][1].backend
+        assert isinstance(cold_oci, OCIBackend)
+        result[n]["teardown after a cold run p50 ms"] = statistics.median(cold_oci.teardown_seconds) * 1000
+    # idle pooled sandbox memory: each pool full and settled, from the host's memory cgroups
+    for warm, _ in made.values():
+        warm.dispatcher.prewarm(SandboxSpec(warm.image, limits), timeout=120)
+        warm.dispatcher.settle(60)
+    time.sleep(2)
+    for n, mib in idle_memory_mib(made["oci"][0].backend).items():
+        result[n]["idle pooled sandbox memory MiB"] = mib
     print(json.dumps(result), flush=True)
-    # throughput: 100 runs on 4 threads, through the pool
-    for n in names:
+    # throughput through the pool, beside bare processes on as many threads
+    for threads in (4, 16):
         t = time.perf_counter()
-        warm_root = made[n][0]
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(lambda _, r=warm_root: check(r, args.runtime), range(args.burst)))
-        result[n][f"{args.burst} runs on 4 threads, runs/s"] = args.burst / (time.perf_counter() - t)
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda _: floor_ms(), range(args.burst)))
+        bare = args.burst / (time.perf_counter() - t)
+        result["floor"][f"{args.burst} runs on {threads} threads, runs/s"] = bare
+        for n in names:
+            t = time.perf_counter()
+            warm_root = made[n][0]
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(lambda _, r=warm_root: check(r, args.runtime), range(args.burst)))
+            rate = args.burst / (time.perf_counter() - t)
+            result[n][f"{args.burst} runs on {threads} threads, runs/s"] = rate
+            result[n][f"{threads}-thread throughput ÷ floor"] = rate / bare
+    # a 10,000-line print, cold
+    ten_k_floor = statistics.median(floor_ms(TEN_K) for _ in range(5))
+    result["floor"]["10,000-line print p50 ms"] = ten_k_floor
+    expect = "".join(f"{i}\n" for i in range(10000))
+    for n in names:
+        took = statistics.median(check(made[n][1], args.runtime, TEN_K, expect) for _ in range(5))
+        result[n]["10,000-line print p50 ms"] = took
+        result[n]["10,000-line print ÷ floor"] = took / ten_k_floor
 
     if not args.no_humaneval:
         programs = humaneval_programs()
@@ -169,8 +246,8 @@ def main() -> None:
             result[n]["HumanEval ÷ local"] = wall / floor
 
     print(json.dumps(result), flush=True)
-    # leftovers after many direct runs (teardown drained)
-    oci_cold = made["oci"][1]
+    # leftovers after many direct runs (teardown drained), bwrap's: the new path
+    oci_cold = made["oci+bwrap"][1]
     backend = oci_cold.backend
     assert isinstance(backend, OCIBackend)
     store = backend.store.rootfs(oci_cold.image)
@@ -183,7 +260,7 @@ def main() -> None:
         cold_root.close()
     left = leftovers(backend)
     left["store writes"] = int(store_fingerprint(store) != before)
-    result["oci"][f"after {args.leak_runs} cold runs"] = ", ".join(f"{k} {v}" for k, v in left.items())
+    result["oci+bwrap"][f"after {args.leak_runs} cold runs"] = ", ".join(f"{k} {v}" for k, v in left.items())
 
     table = render(result, args)
     print(table)
@@ -196,8 +273,8 @@ def render(result: dict[str, dict[str, float | str]], args: argparse.Namespace) 
     rows = sorted({k for v in result.values() for k in v}, key=lambda k: list(ORDER).index(k) if k in ORDER else 99)
     cols = list(result)
     out = [
-        f"### Docker vs direct OCI backend ({args.runtime}, print(1), {args.runs} runs each, round-robin, "
-        f"{time.strftime('%Y-%m-%d')})",
+        f"### Docker, direct OCI with runc and with bwrap ({args.runtime}, print(1), {args.runs} runs each, "
+        f"round-robin, {time.strftime('%Y-%m-%d')})",
         "",
         "| | " + " | ".join(cols) + " |",
         "|---|" + "---:|" * len(cols),
@@ -212,12 +289,22 @@ def render(result: dict[str, dict[str, float | str]], args: argparse.Namespace) 
 
 
 ORDER = (
+    "sandbox start CPU per run ms (less the floor's)",
+    "CPU per cold run ms",
     "back-to-back p50 ms",
+    "back-to-back p50 ÷ floor",
     "back-to-back p90 ms",
     "cold p50 ms",
+    "cold p50 ÷ floor",
     "warm hit p50 ms",
     "teardown after a cold run p50 ms",
     "100 runs on 4 threads, runs/s",
+    "4-thread throughput ÷ floor",
+    "100 runs on 16 threads, runs/s",
+    "16-thread throughput ÷ floor",
+    "10,000-line print p50 ms",
+    "10,000-line print ÷ floor",
+    "idle pooled sandbox memory MiB",
     "HumanEval 164 on 4 threads s",
     "HumanEval ÷ local",
     "HumanEval passed",

@@ -99,7 +99,7 @@ PROBES = textwrap.dedent(
     for k in ("Uid", "Gid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"):
         out[k] = status.get(k, "-").split()
     out["hostname"] = socket.gethostname()
-    out["ifaces"] = sorted(os.listdir("/sys/class/net"))
+    out["ifaces"] = sorted(name for _, name in socket.if_nameindex())
     out["nofile"] = resource.getrlimit(resource.RLIMIT_NOFILE)
     mounts = {}
     # (and the file descriptors gVisor's 9p mounts happen to get)

@@ -488,10 +488,10 @@ class DockerBackend:
 
     def delete_workspace(self, session_id: str) -> None:
         self.workspaces.delete(session_id)
+        self._egress_dirs().close(kernel_egress_key(session_id))  # its interpreter's, if it had an allowlist
 
     def workspace_on_host(self, session_id: str, ref: WorkspaceRef) -> Path | None:
         return self.workspaces.on_host(session_id, ref)
-        self._egress_dirs().close(kernel_egress_key(session_id))  # its interpreter's, if it had an allowlist
 
     # -- housekeeping -------------------------------------------------------------------------
     def owned(self) -> list[Owned]:

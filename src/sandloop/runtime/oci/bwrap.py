@@ -19,7 +19,8 @@ while bwrap waits on ``--block-fd`` (its child made, namespaces set up, the prog
   minimal /dev (null, zero, full, random, urandom, tty, pts); /dev/mqueue; /tmp and /dev/shm as
   host tmpfs mounts with the config's size, inode cap, mode and ``noexec,nosuid,nodev``
   (``runtime/tmpfs.py``); /etc/hostname; /sys is an empty read-only tmpfs but for
-  ``/sys/devices/system/cpu`` (read-only): stricter than Docker's read-only sysfs.
+  ``/sys/devices/system/cpu`` and the sandbox's own cgroups at ``/sys/fs/cgroup/<controller>``
+  (read-only, as Docker shows them): stricter than Docker's read-only sysfs.
 - **limits**: memory+swap, CPU quota, pids in cgroups the host makes (``runtime/cgroup.py``) and
   moves the waiting child into; ``RLIMIT_*`` set in bwrap's process before it starts; the two network sysctls
   Docker sets (unprivileged ports from 0, ping) written in its network namespace. OOM is read
@@ -42,12 +43,12 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sandloop.contract import SandboxError
-from sandloop.runtime.cgroup import join, make_v1, remove
+from sandloop.runtime.cgroup import V1, join, make_v1, remove
 from sandloop.runtime.tmpfs import MS_NODEV, MS_NOEXEC, MS_NOSUID, mount_host_tmpfs
 
 #: The namespaces Docker's config asks for that this translation makes (it also makes user and
@@ -192,8 +193,11 @@ def argv(
     seccomp: int,
     info: int,
     block: int,
+    cgroups: Sequence[Path] = (),
 ) -> list[str]:
-    """bwrap's command line for Docker's ``config`` (``gaps(config)`` empty)."""
+    """bwrap's command line for Docker's ``config`` (``gaps(config)`` empty); ``cgroups``: the
+    sandbox's own cgroup directories, shown read-only at ``/sys/fs/cgroup/<controller>`` as
+    Docker shows a container its own."""
     process = config["process"]
     user = process["user"]
     out = [
@@ -238,9 +242,10 @@ def argv(
         "--ro-bind",
         "/sys/devices/system/cpu",
         "/sys/devices/system/cpu",
-        "--remount-ro",
-        "/sys",
     ]
+    for d in cgroups:
+        out += ["--ro-bind", str(d), f"/sys/fs/cgroup/{d.relative_to(V1).parts[0]}"]
+    out += ["--remount-ro", "/sys"]
     linux = config.get("linux") or {}
     masked = [p for p in linux.get("maskedPaths") or [] if p.startswith("/proc/")]
     masked += [p for p in linux.get("readonlyPaths") or [] if p not in BWRAP_READONLY]
@@ -372,6 +377,7 @@ def start(
             seccomp=bpf,
             info=info_w,
             block=block_r,
+            cgroups=cgroups,
         )
         stdin, stdout, stderr = stdio
         proc = subprocess.Popen(

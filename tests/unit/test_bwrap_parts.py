@@ -1,0 +1,129 @@
+"""The bwrap translation of Docker's config (runtime/oci/bwrap.py) without an engine: the command
+line it makes, what it refuses to translate, and the seccomp program it compiles once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandloop.runtime.oci import bwrap
+
+CONFIG = {
+    "process": {
+        "user": {"uid": 65534, "gid": 65534, "additionalGids": [65534]},
+        "args": ["/usr/bin/tini", "--", "/usr/bin/python3", "/opt/sandloop/launcher.py"],
+        "env": ["PATH=/usr/bin:/bin", "HOME=/tmp", "EQ=a=b"],
+        "cwd": "/tmp",
+        "capabilities": {},
+        "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+        "noNewPrivileges": True,
+    },
+    "root": {"path": "/store/rootfs", "readonly": True},
+    "hostname": "sandbox",
+    "mounts": [
+        {"destination": d, "type": "tmpfs", "options": ["size=65536k"]}
+        for d in ("/proc", "/dev", "/dev/pts", "/sys", "/dev/mqueue", "/dev/shm", "/etc/hostname")
+    ]
+    + [{"destination": "/tmp", "type": "tmpfs", "options": ["noexec", "nosuid", "nodev", "size=1024", "mode=1777"]}],
+    "hooks": {},
+    "linux": {
+        "namespaces": [{"type": t} for t in ("mount", "network", "uts", "pid", "ipc")],
+        "maskedPaths": ["/proc/acpi", "/proc/timer_list", "/proc/no-such-path", "/sys/firmware"],
+        "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/sys"],
+        "sysctl": {"net.ipv4.ip_unprivileged_port_start": "0"},
+        "resources": {"devices": [{"allow": False, "access": "rwm"}, {"allow": True, "major": 1, "minor": 3}]},
+        "seccomp": {
+            "defaultAction": "SCMP_ACT_ERRNO",
+            "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86"],
+            "syscalls": [
+                {"names": ["read", "write", "exit_group", "no_such_syscall_here"], "action": "SCMP_ACT_ALLOW"},
+                {
+                    "names": ["personality"],
+                    "action": "SCMP_ACT_ALLOW",
+                    "args": [{"index": 0, "value": 8, "op": "SCMP_CMP_EQ"}],
+                },
+                {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
+            ],
+        },
+    },
+}
+
+
+def _argv() -> list[str]:
+    return bwrap.argv(
+        CONFIG,
+        bwrap="/usr/bin/bwrap",
+        rootfs=Path("/store/rootfs"),
+        tmp=Path("/b/tmp"),
+        shm=Path("/b/shm"),
+        hostname_file=Path("/b/hostname"),
+        seccomp=7,
+        info=8,
+        block=9,
+    )
+
+
+def _pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_the_command_line_carries_every_control():
+    argv = _argv()
+    for flag in ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"):
+        assert flag in argv
+    assert "--unshare-cgroup" in argv and "--die-with-parent" in argv and "--as-pid-1" in argv
+    assert _pairs(argv, "--uid") == ["65534"] and _pairs(argv, "--gid") == ["65534"]
+    assert _pairs(argv, "--cap-drop") == ["ALL"] and _pairs(argv, "--hostname") == ["sandbox"]
+    assert argv[argv.index("--ro-bind") + 1 : argv.index("--ro-bind") + 3] == ["/store/rootfs", "/"]
+    assert argv[argv.index("/b/tmp") - 1 : argv.index("/b/tmp") + 2] == ["--bind", "/b/tmp", "/tmp"]
+    assert _pairs(argv, "--seccomp") == ["7"] and _pairs(argv, "--block-fd") == ["9"]
+    assert "--clearenv" in argv and _pairs(argv, "--setenv") == ["PATH", "HOME", "EQ"]
+    assert argv[argv.index("EQ") + 1] == "a=b"
+    assert argv[argv.index("--") + 1 :] == CONFIG["process"]["args"]
+    # masked: a directory becomes an empty read-only tmpfs, a file /dev/null; what this kernel
+    # lacks is skipped; /proc/fs (read-only under Docker) is masked; bwrap's --proc keeps
+    # /proc/sys and /proc/bus read-only itself
+    assert argv[argv.index("/proc/acpi") - 1 :][:4] == ["--tmpfs", "/proc/acpi", "--remount-ro", "/proc/acpi"]
+    assert "/proc/no-such-path" not in argv and "/proc/sys" not in argv and "/proc/bus" not in argv
+    if Path("/proc/timer_list").exists():
+        assert argv[argv.index("/proc/timer_list") - 2 : argv.index("/proc/timer_list") + 1] == [
+            "--ro-bind",
+            "/dev/null",
+            "/proc/timer_list",
+        ]
+
+
+def test_what_has_no_translation_is_named():
+    assert bwrap.gaps(CONFIG) == []
+    bad = {
+        **CONFIG,
+        "linux": {
+            **CONFIG["linux"],
+            "namespaces": [{"type": "network", "path": "/proc/1/ns/net"}, {"type": "time"}],
+            "sysctl": {"kernel.shmmax": "1"},
+            "devices": [{"path": "/dev/fuse"}],
+            "resources": {"devices": [{"allow": True, "major": 10, "minor": 229}]},
+        },
+        "process": {**CONFIG["process"], "apparmorProfile": "docker-default", "noNewPrivileges": False},
+    }
+    said = "; ".join(bwrap.gaps(bad))
+    for words in ("time", "joined by path", "kernel.shmmax", "/dev/fuse", "device 10:229", "AppArmor", "noNewPriv"):
+        assert words in said, words
+
+
+def test_the_seccomp_program_is_compiled_once_and_unknown_names_are_skipped():
+    pytest.importorskip("pyseccomp")
+    profile = CONFIG["linux"]["seccomp"]
+    bpf = bwrap.compile_seccomp(profile)
+    assert bpf and len(bpf) % 8 == 0  # struct sock_filter: 8 bytes an instruction
+    assert bwrap.compile_seccomp(dict(profile)) is bpf  # the same profile: the cached program
+    with pytest.raises(ValueError, match="SCMP_ACT_NOTIFY"):
+        bwrap.compile_seccomp({**profile, "defaultAction": "SCMP_ACT_NOTIFY"})
+
+
+def test_tmpfs_options_and_flags_come_from_the_config():
+    tmp = CONFIG["mounts"][-1]
+    assert bwrap._tmpfs_data(tmp) == "size=1024,mode=1777"
+    assert bwrap._tmpfs_flags(tmp) == 2 | 4 | 8
+    assert bwrap._tmpfs_flags({"options": []}) == 0
