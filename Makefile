@@ -25,13 +25,15 @@ run: setup
 	@echo "== the same run as JSON =="
 	$(VENV)/bin/sandloop run --json examples/hello.js
 
-# The whole suite on the default backend (oci: runs direct where parity holds, the rest through
-# Docker; docs/runtimes.md), then the isolation, runner and adversarial suites again on Docker only.
+# The whole suite on the default backend (oci: runs direct where parity holds, runc-class ones
+# started by bubblewrap, the rest through Docker; docs/runtimes.md), then the isolation, runner
+# and adversarial suites again on Docker only and with runc starting the direct runs.
 SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/adversarial
 
 test: setup-dev
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest $(PYTEST_ARGS) $(SECOND_PASS)
+	SANDLOOP_BACKEND='{"type": "oci", "runc_with": "runc"}' $(VENV)/bin/python -m pytest $(PYTEST_ARGS) $(SECOND_PASS)
 
 # No engine, no image: unit tests, and the backend contract on the test double (FakeBackend).
 test-fast:

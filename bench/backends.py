@@ -59,6 +59,40 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+CPU_SCRIPT = """
+import json, resource, subprocess, sys
+from sandloop import SandboxLimits, Sandloop
+from sandloop.settings import Settings
+name, runtime, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+if name == "floor":
+    run = lambda: subprocess.run([sys.argv[4], "-c", "print(1)"], capture_output=True, check=True)
+else:
+    root = Sandloop(Settings(backend=json.loads(sys.argv[4]), pool_size=0))
+    def run():
+        assert root.run_code("print(1)", limits=SandboxLimits(runtime=runtime)).stdout == "1\\n"
+        root.backend.drain(60)
+run()
+before = cpu()
+for _ in range(runs):
+    run()
+print((cpu() - before) / runs * 1000)
+"""
+
+
+def cold_cpu_ms(name: str, runtime: str, runs: int) -> float:
+    """User+sys CPU per cold ``print(1)`` of everything one backend spawns, measured in a fresh
+    process that runs nothing else."""
+    setting = BACKENDS[name] if isinstance(BACKENDS.get(name), dict) else {"type": "oci"}
+    extra = FLOOR if name == "floor" else json.dumps(setting)
+    out = subprocess.run(
+        [sys.executable, "-c", CPU_SCRIPT, name, runtime, str(runs), extra], capture_output=True, text=True, check=True
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def floor_ms(code: str = PRINT1) -> float:
     t = time.perf_counter()
     subprocess.run([FLOOR, "-c", code], capture_output=True, check=True)
@@ -156,19 +190,14 @@ def main() -> None:
     for _ in range(args.runs):
         for n in names:
             b2b[n].append(check(made[n][0], args.runtime))
-    # cold, round-robin, and the CPU each backend's cold runs cost (what it spawned and waited for)
+    # cold, round-robin
     cold: dict[str, list[float]] = {n: [] for n in names + ["floor"]}
-    cpu: dict[str, float] = {n: 0.0 for n in names + ["floor"]}
     for _ in range(args.runs):
         for n in names:
-            before = children_cpu()
             cold[n].append(check(made[n][1], args.runtime))
             if isinstance(made[n][1].backend, OCIBackend):
                 made[n][1].backend.drain(60)  # teardown is off the request path: timed by the backend
-            cpu[n] += children_cpu() - before
-        before = children_cpu()
         cold["floor"].append(floor_ms())
-        cpu["floor"] += children_cpu() - before
     # warm hits: a spaced-out run, once the pool is full and the last teardown is done
     hit: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(args.runs):
@@ -180,14 +209,14 @@ def main() -> None:
                 warm_root.backend.drain(60)
             time.sleep(0.3)
             hit[n].append(check(warm_root, args.runtime))
-    result["floor"] = {
-        "cold p50 ms": statistics.median(cold["floor"]),
-        "CPU per cold run ms": cpu["floor"] / args.runs * 1000,
-    }
+    # the CPU a cold run costs, each backend alone in a process of its own (no pool refilling
+    # beside it): what it spawned and waited for, less the program's own (the floor's)
+    cpu = {n: cold_cpu_ms(n, args.runtime, args.runs) for n in ("oci", "oci+bwrap", "floor")}
+    result["floor"] = {"cold p50 ms": statistics.median(cold["floor"]), "CPU per cold run ms": cpu["floor"]}
     for n in names:
         if n != "docker":  # dockerd's children are not ours to measure
-            result[n]["CPU per cold run ms"] = cpu[n] / args.runs * 1000
-            result[n]["sandbox start CPU per run ms (less the floor's)"] = (cpu[n] - cpu["floor"]) / args.runs * 1000
+            result[n]["CPU per cold run ms"] = cpu[n]
+            result[n]["sandbox start CPU per run ms (less the floor's)"] = cpu[n] - cpu["floor"]
         result[n]["cold p50 ÷ floor"] = statistics.median(cold[n]) / result["floor"]["cold p50 ms"]
         result[n]["back-to-back p50 ÷ floor"] = statistics.median(b2b[n]) / result["floor"]["cold p50 ms"]
     for n in names:

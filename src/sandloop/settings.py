@@ -58,9 +58,9 @@ class OCIConfig(BaseModel):
     state: Path = Field(Path("/run/sandloop/oci"), description="Bundles and the runtime's state (a tmpfs).")
     fallback: bool = Field(True, description="Run through Docker what cannot run directly (else refuse).")
     runc_with: Literal["runc", "bwrap"] = Field(
-        "runc",
-        description="What starts runc-class sandboxes: runc, or bubblewrap with Docker's config translated "
-        "(runtime/oci/bwrap.py; runc where the translation has a gap).",
+        "bwrap",
+        description="What starts runc-class sandboxes: bubblewrap with Docker's config translated "
+        "(runtime/oci/bwrap.py; runc where bwrap is missing or the translation has a gap), or runc.",
     )
 
     def build(self, settings: Settings) -> FullBackend:

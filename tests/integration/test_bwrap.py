@@ -59,6 +59,8 @@ SYSCALLS = textwrap.dedent(
         "pid1": open("/proc/1/cmdline").read().split("\0")[0],
         "ifaces": [name for _, name in socket.if_nameindex()],
         "sys": sorted(os.listdir("/sys")),
+        "cgroups": sorted(os.listdir("/sys/fs/cgroup")),
+        "memory_limit": open("/sys/fs/cgroup/memory/memory.limit_in_bytes").read().strip(),
     }
     s = socket.socket()
     s.bind(("127.0.0.1", 80))  # Docker's sysctl: unprivileged ports from 0
@@ -88,9 +90,10 @@ def test_every_probe_gives_runcs_answer(pair):
     c, d = runc.run(_request(SYSCALLS)), bwrap.run(_request(SYSCALLS))
     assert c.ok and d.ok, (c.stderr, d.stderr)
     c, d = json.loads(c.stdout), json.loads(d.stdout)
-    assert d["sys"] == ["devices"]  # stricter than Docker's read-only sysfs: the CPUs only
+    assert d["sys"] == ["devices", "fs"]  # stricter than Docker's read-only sysfs: the CPUs, its cgroups
     c.pop("sys"), d.pop("sys")
-    assert c == d
+    assert set(d.pop("cgroups")) <= set(c.pop("cgroups"))  # its own, as Docker shows them (runc: all)
+    assert c == d  # the memory limit it reads there too
     assert d["pid1"] == "/usr/bin/tini" and d["ifaces"] == ["lo"]
     assert {d[k] for k in ("mount", "keyctl", "bpf", "ptrace_attach_1", "unshare_user", "clone_newns")} == {"EPERM"}
 

@@ -301,6 +301,7 @@ class OCIBackend:
             details={
                 **inner.details,
                 "direct runs": direct,
+                "runc-class started by": self.runc_starter(),
                 "through Docker": "everything" if problem else THROUGH_DOCKER,
             },
         )
@@ -408,6 +409,14 @@ class OCIBackend:
         for fd in (in_r, out_w, err_w):
             os.close(fd)
         return DirectSandbox(sandbox_id, proc, PipeChannel(out_r, err_r), in_w, spec, time.monotonic(), runtime, bundle)
+
+    def runc_starter(self) -> str:
+        """What starts runc-class sandboxes here, in words (``sandloop doctor``)."""
+        if self._bwrap is not None:
+            return "bubblewrap (runtime/oci/bwrap.py; runc for a config it cannot translate)"
+        if self.runc_with == BWRAP:
+            return "runc: bubblewrap is not installed (apt-get install bubblewrap)"
+        return "runc"
 
     def bwrap_gaps(self, template: Mapping[str, Any]) -> str:
         """Why bubblewrap cannot start this template's sandboxes ('' when it can)."""

@@ -6,9 +6,10 @@ and nothing is restated by hand. What bwrap itself cannot set is done by the hos
 while bwrap waits on ``--block-fd`` (its child made, namespaces set up, the program not started):
 
 - **user**: bwrap runs as the config's uid/gid (65534) with no supplementary groups but the
-  config's; in its user namespace the sandbox's uid is 65534 and, seen from the host, so is every
-  process of it (``/proc/PID/uid_map`` reads ``65534 65534 1``). Never root on the host, unlike a
-  bwrap started as root with a user namespace (which maps the sandbox to root).
+  config's (util-linux's ``setpriv``, after ``prlimit`` set the config's rlimits); in its user
+  namespace the sandbox's uid is 65534 and, seen from the host, so is every process of it
+  (``/proc/PID/uid_map`` reads ``65534 65534 1``). Never root on the host, unlike a bwrap
+  started as root with a user namespace (which maps the sandbox to root).
 - **namespaces**: user, mount, pid, net (only ``lo``), ipc, uts (hostname ``sandbox``), cgroup.
 - **seccomp**: the config's profile compiled once with libseccomp (``pyseccomp``) to BPF and
   handed to bwrap (``--seccomp FD``): no per-run compile (runc compiles it every run).
@@ -22,9 +23,9 @@ while bwrap waits on ``--block-fd`` (its child made, namespaces set up, the prog
   ``/sys/devices/system/cpu`` and the sandbox's own cgroups at ``/sys/fs/cgroup/<controller>``
   (read-only, as Docker shows them): stricter than Docker's read-only sysfs.
 - **limits**: memory+swap, CPU quota, pids in cgroups the host makes (``runtime/cgroup.py``) and
-  moves the waiting child into; ``RLIMIT_*`` set in bwrap's process before it starts; the two network sysctls
-  Docker sets (unprivileged ports from 0, ping) written in its network namespace. OOM is read
-  from the memory cgroup's counter as for runc.
+  moves the waiting child into; ``RLIMIT_*`` set by ``prlimit`` before bwrap starts; the two
+  network sysctls Docker sets (unprivileged ports from 0, ping) written in its network
+  namespace. OOM is read from the memory cgroup's counter as for runc.
 
 ``gaps(config)`` lists what a config asks for that this translation does not reproduce (then the
 run goes to runc, or is refused without fallback).
@@ -38,12 +39,11 @@ import functools
 import hashlib
 import json
 import os
-import resource
 import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +65,16 @@ CLONE_NEWNET = 0x40000000
 NET_SYSCTLS = ("net.ipv4.ip_unprivileged_port_start", "net.ipv4.ping_group_range")
 
 
+PRLIMIT, SETPRIV = "/usr/bin/prlimit", "/usr/bin/setpriv"  # util-linux
+#: prlimit's options, by the config's RLIMIT_* name.
+PRLIMIT_OPTIONS = {"AS", "CORE", "CPU", "DATA", "FSIZE", "LOCKS", "MEMLOCK", "MSGQUEUE", "NICE", "NOFILE", "NPROC"}
+PRLIMIT_OPTIONS |= {"RSS", "RTPRIO", "RTTIME", "SIGPENDING", "STACK"}
+
+
 def bwrap_path() -> str | None:
-    return shutil.which("bwrap")
+    """bwrap, when it and util-linux's prlimit and setpriv are here (None: runc starts them)."""
+    found = shutil.which("bwrap")
+    return found if found and os.access(PRLIMIT, os.X_OK) and os.access(SETPRIV, os.X_OK) else None
 
 
 def gaps(config: Mapping[str, Any]) -> list[str]:
@@ -108,6 +116,9 @@ def gaps(config: Mapping[str, Any]) -> list[str]:
         out.append(f"sysctls {sorted(sysctl)}")
     if "seccomp" not in linux:
         out.append("no seccomp profile")
+    for limit in process.get("rlimits") or []:
+        if not str(limit.get("type", "")).startswith("RLIMIT_") or limit["type"][7:] not in PRLIMIT_OPTIONS:
+            out.append(f"rlimit {limit.get('type')}")
     return out
 
 
@@ -265,25 +276,29 @@ def argv(
 
 
 # -- around it, while it waits ----------------------------------------------------------------------
-RLIMITS = {name: getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")}
-
-
-def rlimits(config: Mapping[str, Any]) -> Callable[[], None]:
-    """What sets the config's ``RLIMIT_*`` in bwrap's own process before it starts (its sandbox
-    inherits them). Not ``prlimit`` on the waiting child from here: that needs CAP_SYS_RESOURCE,
-    which this host withholds even from root (measured: EPERM). It runs in the forked child, so it
-    only makes system calls on values computed here (no allocation, no lock)."""
-    pairs = [
-        (RLIMITS[limit["type"]], (int(limit["soft"]), int(limit["hard"])))
-        for limit in (config.get("process") or {}).get("rlimits") or []
+def privileges(config: Mapping[str, Any]) -> list[str]:
+    """What runs before bwrap, as this (root) process's own children exec'd in turn: util-linux's
+    ``prlimit`` sets the config's ``RLIMIT_*`` on itself (the sandbox inherits them; ``prlimit`` on
+    the waiting child from here would need CAP_SYS_RESOURCE, which this host withholds even from
+    root: measured EPERM), then ``setpriv`` becomes the config's uid, gid and groups. Two small
+    execs instead of ``subprocess``'s ``user=``, which forks this whole process (measured with a
+    150 MB server: 11.5 ms of the child's CPU and 9.8 of ours per start, against 4.3 and 0.4)."""
+    process = config["process"]
+    user = process["user"]
+    limits = [
+        f"--{limit['type'][len('RLIMIT_') :].lower()}={int(limit['soft'])}:{int(limit['hard'])}"
+        for limit in process.get("rlimits") or []
     ]
-    setrlimit = resource.setrlimit
-
-    def lower() -> None:
-        for which, values in pairs:
-            setrlimit(which, values)
-
-    return lower
+    groups = ",".join(str(int(g)) for g in user.get("additionalGids") or [user["gid"]])
+    prefix = [PRLIMIT, *limits, "--"] if limits else []
+    return [
+        *prefix,
+        SETPRIV,
+        f"--reuid={int(user['uid'])}",
+        f"--regid={int(user['gid'])}",
+        f"--groups={groups}",
+        "--",
+    ]
 
 
 def set_net_sysctls(pid: int, config: Mapping[str, Any]) -> None:
@@ -364,7 +379,6 @@ def start(
     bpf = seccomp_fd(compile_seccomp(linux["seccomp"]))
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
     block_r, block_w = os.pipe2(os.O_CLOEXEC)
-    user = config["process"]["user"]
     proc: subprocess.Popen[bytes] | None = None
     try:
         command = argv(
@@ -381,16 +395,12 @@ def start(
         )
         stdin, stdout, stderr = stdio
         proc = subprocess.Popen(
-            command,
+            [*privileges(config), *command],
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,
             pass_fds=(bpf, info_w, block_r),
-            user=int(user["uid"]),
-            group=int(user["gid"]),
-            extra_groups=[int(g) for g in user.get("additionalGids") or []],
             start_new_session=True,
-            preexec_fn=rlimits(config),  # noqa: PLW1509 - system calls only (see rlimits)
         )
         os.close(info_w)
         info_w = -1
