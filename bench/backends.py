@@ -41,7 +41,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 #: The columns: a name and the backend setting behind it.
-BACKENDS = {"docker": "docker", "oci": "oci", "oci+bwrap": {"type": "oci", "runc_with": "bwrap"}}
+BACKENDS: dict[str, str | dict[str, str]] = {
+    "docker": "docker",
+    "oci": {"type": "oci", "runc_with": "runc"},
+    "oci+bwrap": {"type": "oci", "runc_with": "bwrap"},
+}
 FLOOR = "/usr/bin/python3"  # the interpreter the runtime image runs, on the host
 TEN_K = "for i in range(10000):\n    print(i)"
 
@@ -85,8 +89,7 @@ print((cpu() - before) / runs * 1000)
 def cold_cpu_ms(name: str, runtime: str, runs: int) -> float:
     """User+sys CPU per cold ``print(1)`` of everything one backend spawns, measured in a fresh
     process that runs nothing else."""
-    setting = BACKENDS[name] if isinstance(BACKENDS.get(name), dict) else {"type": "oci"}
-    extra = FLOOR if name == "floor" else json.dumps(setting)
+    extra = FLOOR if name == "floor" else json.dumps(BACKENDS[name])
     out = subprocess.run(
         [sys.executable, "-c", CPU_SCRIPT, name, runtime, str(runs), extra], capture_output=True, text=True, check=True
     )

@@ -26,18 +26,21 @@ next() {  # next "what this step does"
     printf 'setup [%s/%s] %s\n' "$step" "$STEPS" "$*" >&2
 }
 pip_quiet() { "$@" 2>&1 | grep -v '^WARNING: Location' || true; }
+# have COMMAND PACKAGE "what goes without it": Debian's package when the command is missing.
+have() {
+    command -v "$1" >/dev/null 2>&1 && return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -q >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$2" >/dev/null
+    else
+        echo "setup: $1 not found; $3 (apt-get install $2)" >&2
+    fi
+}
 
 next "Docker engine and gVisor (scripts/engine-up.sh), bubblewrap"
 bash scripts/engine-up.sh
 # bubblewrap starts runc-class sandboxes at a fraction of runc's cost (runtime/oci/bwrap.py).
-if ! command -v bwrap >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        apt-get update -q >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends bubblewrap >/dev/null
-    else
-        echo "setup: bwrap not found; runc-class sandboxes start with runc (apt-get install bubblewrap)" >&2
-    fi
-fi
+have bwrap bubblewrap "runc-class sandboxes start with runc"
 
 next "virtualenv $VENV with sandloop"
 if [ ! -x "$VENV/bin/python" ]; then
@@ -65,14 +68,7 @@ if [ "$DEV" = 1 ]; then
 
     # Debian's Chromium for the playground's browser tests (Playwright drives it; nothing is downloaded).
     next "Debian's chromium for the browser tests"
-    if ! command -v chromium >/dev/null 2>&1; then
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-            apt-get update -q >/dev/null
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
-        else
-            echo "setup: chromium not found; the playground's browser tests will fail (apt-get install chromium)" >&2
-        fi
-    fi
+    have chromium chromium "the playground's browser tests will fail"
 
     # The oldest E2B SDKs sandloop's E2B-compatible API supports, in a venv of their own (the tests
     # drive them from there; the newest are in the dev extras).
