@@ -99,33 +99,55 @@ def test_every_probe_gives_runcs_answer(pair):
 
 
 def test_from_the_host_the_sandbox_is_65534_in_its_own_namespaces_and_cgroups(pair):
-    runc, bwrap = pair
+    """Read from the host while the user's program runs (it says so with a file in its /tmp, the
+    bundle's host tmpfs): before that, bwrap's own setup may still be between its two user
+    namespaces (CI read the intermediate one's map, ``0 65534 1``: bwrap's code, not the user's)."""
+    import threading
+
+    bwrap = pair[1]
     limits = SandboxLimits(memory="192m", cpus=0.5, pids=48, open_files=300)
     sandbox = _started_by(bwrap, limits)
+    program = (  # runs until the host says stop (a file it puts in the same /tmp)
+        "import os, time\nopen('/tmp/running', 'w').close()\n"
+        "for _ in range(12000):\n    if os.path.exists('/tmp/stop'):\n        break\n    time.sleep(0.01)\n"
+    )
+    done: list[object] = []
+    runner = threading.Thread(target=lambda: done.append(bwrap.execute(sandbox, _request(program, 150, limits))))
+    runner.start()
     try:
         assert sandbox.runtime == "bwrap"
-        pid = int((sandbox.bundle / "pid").read_text())
-        proc = Path(f"/proc/{pid}")
-        status = dict(line.split(":\t", 1) for line in (proc / "status").read_text().splitlines() if ":\t" in line)
-        assert status["Uid"].split() == ["65534"] * 4 and status["Gid"].split() == ["65534"] * 4
-        assert (proc / "uid_map").read_text().split() == ["65534", "65534", "1"]  # never root on the host
-        assert (proc / "gid_map").read_text().split() == ["65534", "65534", "1"]
-        for ns in ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup"):
-            assert os.readlink(proc / "ns" / ns) != os.readlink(f"/proc/self/ns/{ns}"), ns
+        deadline = time.monotonic() + 120
+        while not (sandbox.bundle / "tmp" / "running").exists():
+            assert time.monotonic() < deadline and runner.is_alive(), done
+            time.sleep(0.02)
         cgroups = Path("/sys/fs/cgroup")
         mine = f"sandloop/{sandbox.id}"
+        pids = (cgroups / "memory" / mine / "cgroup.procs").read_text().split()
+        assert len(pids) >= 2  # tini and the launcher running the program
+        for pid in pids:
+            proc = Path(f"/proc/{pid}")
+            status = dict(line.split(":\t", 1) for line in (proc / "status").read_text().splitlines() if ":\t" in line)
+            assert status["Uid"].split() == ["65534"] * 4 and status["Gid"].split() == ["65534"] * 4
+            assert (proc / "uid_map").read_text().split() == ["65534", "65534", "1"]  # never root on the host
+            assert (proc / "gid_map").read_text().split() == ["65534", "65534", "1"]
+            assert status["CapEff"].strip() == status["CapBnd"].strip() == "0000000000000000"
+            for ns in ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup"):
+                assert os.readlink(proc / "ns" / ns) != os.readlink(f"/proc/self/ns/{ns}"), ns
+            for controller in ("cpu", "pids"):
+                assert pid in (cgroups / controller / mine / "cgroup.procs").read_text().split()
+            limits_text = (proc / "limits").read_text()
+            assert [line.split()[3:5] for line in limits_text.splitlines() if line.startswith("Max open files")] == [
+                ["300", "300"]
+            ]
         assert int((cgroups / "memory" / mine / "memory.limit_in_bytes").read_text()) == 192 * 1024**2
         assert int((cgroups / "memory" / mine / "memory.memsw.limit_in_bytes").read_text()) == 192 * 1024**2
         assert int((cgroups / "cpu" / mine / "cpu.cfs_quota_us").read_text()) == 50_000
         assert int((cgroups / "pids" / mine / "pids.max").read_text()) == 48
-        for controller in ("memory", "cpu", "pids"):
-            assert str(pid) in (cgroups / controller / mine / "cgroup.procs").read_text().split()
-        limits_text = (proc / "limits").read_text()
-        assert [line.split()[3:5] for line in limits_text.splitlines() if line.startswith("Max open files")] == [
-            ["300", "300"]
-        ]
     finally:
+        (sandbox.bundle / "tmp" / "stop").touch()
+        runner.join(150)
         bwrap.destroy(sandbox)
+    assert done and done[0].ok, done  # type: ignore[attr-defined]
     assert bwrap.drain(30)
     assert _leftovers([sandbox.id], "bwrap") == []
 
