@@ -145,3 +145,19 @@ def test_a_flood_of_unread_events_ends_the_watch_with_a_reason(tmp_path, monkeyp
         assert len(w.events()) == 50  # what was kept is still given, then why the watch ended
         with pytest.raises(SandboxError, match="more than 50 events went unread"):
             w.events()
+
+
+def test_moves_out_of_the_tree_are_not_kept_forever(tmp_path):
+    """A sandbox renaming thousands of files (temporary names too) out of the watched directory
+    leaves at most MAX_MOVES halves of moves in memory."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    with Watcher(tmp_path, "in", session_id="t") as w:
+        for i in range(300):
+            name = f"f{i}" + (watch.TMP_SUFFIX if i % 2 else "")
+            (tmp_path / "in" / name).write_text("x")
+            os.rename(tmp_path / "in" / name, tmp_path / "out" / name)
+        events = w.events()
+        assert len(w._moves) <= watch.MAX_MOVES
+    assert ("f0", "rename") in [(e.name, e.type) for e in events]
+    assert not any(watch.TMP_SUFFIX in e.name for e in events)

@@ -49,6 +49,8 @@ MAX_PER_SESSION = 8
 MAX_DIRS = 4096
 #: Events kept unread; past it the watch ends (its reader is told).
 MAX_EVENTS = 10_000
+#: Moves whose second half has not come yet (a move out of the tree never sends one).
+MAX_MOVES = 64
 #: The file API's temporary name for a file being replaced (files_helper.py's op_write).
 TMP_SUFFIX = ".sandloop-tmp"
 
@@ -283,12 +285,10 @@ class Watcher:
         rel = f"{d.rel}/{name}" if d.rel else name
         if name.endswith(TMP_SUFFIX) and not is_dir:
             if mask & flags.MOVED_FROM:  # the file API replacing rel[:-len(TMP_SUFFIX)]
-                self._moves[cookie] = (rel[: -len(TMP_SUFFIX)], True)
+                self._moved(cookie, rel[: -len(TMP_SUFFIX)], True)
             return
         if mask & flags.MOVED_FROM:
-            self._moves[cookie] = (rel, False)
-            if len(self._moves) > 64:
-                self._moves.pop(next(iter(self._moves)))
+            self._moved(cookie, rel, False)
             if is_dir and self.recursive:
                 self._forget_tree(rel)
         if mask & flags.MOVED_TO:
@@ -320,6 +320,13 @@ class Watcher:
             self._emit(rel, "write")
         if mask & flags.DELETE:
             self._emit(rel, "remove")
+
+    def _moved(self, cookie: int, rel: str, replace: bool) -> None:
+        """A move's first half, kept until its second (a move out of the tree has none: the
+        oldest of more than ``MAX_MOVES`` is forgotten)."""
+        self._moves[cookie] = (rel, replace)
+        while len(self._moves) > MAX_MOVES:
+            self._moves.pop(next(iter(self._moves)))
 
     def _emit(self, rel: str, kind: str) -> None:
         if len(self._events) >= MAX_EVENTS:
