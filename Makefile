@@ -27,13 +27,14 @@ run: setup
 
 # The whole suite on the default backend (oci: runs direct where parity holds, runc-class ones
 # started by bubblewrap, the rest through Docker; docs/runtimes.md), then the isolation, runner
-# and adversarial suites again on Docker only and with runc starting the direct runs.
+# and adversarial suites again on Docker only, and the isolation suite with runc starting the
+# direct runs (test_oci.py drives runc directly in the first pass).
 SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/adversarial
 
 test: setup-dev
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest $(PYTEST_ARGS) $(SECOND_PASS)
-	SANDLOOP_BACKEND='{"type": "oci", "runc_with": "runc"}' $(VENV)/bin/python -m pytest $(PYTEST_ARGS) $(SECOND_PASS)
+	SANDLOOP_BACKEND='{"type": "oci", "runc_with": "runc"}' $(VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/integration/test_isolation.py
 
 # No engine, no image: unit tests, and the backend contract on the test double (FakeBackend).
 test-fast:
