@@ -396,19 +396,11 @@ class OCIBackend:
                 _remove_tree(bundle)
                 raise
             argv = [sys.executable, "-S", "-E", SUBREAPER, *argv]
-        in_r, in_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            proc = subprocess.Popen(argv, stdin=in_r, stdout=out_w, stderr=err_w, start_new_session=True)
-        except OSError as exc:
-            for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
-                os.close(fd)
-            _remove_tree(bundle)
-            raise SandboxError(f"could not start {runtime}: {exc}") from exc
-        for fd in (in_r, out_w, err_w):
-            os.close(fd)
-        return DirectSandbox(sandbox_id, proc, PipeChannel(out_r, err_r), in_w, spec, time.monotonic(), runtime, bundle)
+
+        def start(stdio: tuple[int, int, int]) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], start_new_session=True)
+
+        return self._start_on_pipes(start, sandbox_id, spec, runtime, bundle)
 
     def runc_starter(self) -> str:
         """What starts runc-class sandboxes here, in words (``sandloop doctor``)."""
@@ -429,36 +421,57 @@ class OCIBackend:
         self, config: dict[str, Any], rootfs: Path, bundle: Path, sandbox_id: str, spec: SandboxSpec
     ) -> DirectSandbox:
         assert self._bwrap is not None
-        in_r, in_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            proc = bwrap.start(
+        bwrap_path = self._bwrap
+
+        def start(stdio: tuple[int, int, int]) -> subprocess.Popen[bytes]:
+            return bwrap.start(
                 config,
-                bwrap=self._bwrap,
+                bwrap=bwrap_path,
                 rootfs=rootfs,
                 bundle=bundle,
                 hostname_file=self._hostname_file(),
                 cgroup_parent=CGROUP_PARENT,
                 sandbox_id=sandbox_id,
-                stdio=(in_r, out_w, err_w),
+                stdio=stdio,
             )
+
+        return self._start_on_pipes(start, sandbox_id, spec, BWRAP, bundle)
+
+    @staticmethod
+    def _start_on_pipes(
+        start: Callable[[tuple[int, int, int]], subprocess.Popen[bytes]],
+        sandbox_id: str,
+        spec: SandboxSpec,
+        runtime: str,
+        bundle: Path,
+    ) -> DirectSandbox:
+        """``start((stdin, stdout, stderr))``: the sandbox's process on the launcher's three pipes,
+        whose child ends are closed once it has them. On any failure every pipe is closed and the
+        bundle removed; a ``SandboxError`` gains what the process said on stderr (bwrap's own
+        words), an ``OSError`` (the runtime would not start) becomes one."""
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            proc = start((in_r, out_w, err_w))
         except BaseException as exc:
             os.close(err_w)
             said = b""
-            if isinstance(exc, SandboxError):  # bwrap's own words, on the stderr it was given
+            if isinstance(exc, SandboxError):
                 os.set_blocking(err_r, False)
                 with contextlib.suppress(OSError):
                     said = os.read(err_r, 4096)
             for fd in (in_r, in_w, out_r, out_w, err_r):
                 os.close(fd)
             _remove_tree(bundle)
+            if isinstance(exc, OSError):
+                raise SandboxError(f"could not start {runtime}: {exc}") from exc
             if said:
                 raise SandboxError(f"{exc}: {said.decode(errors='replace').strip()}") from exc
             raise
         for fd in (in_r, out_w, err_w):
             os.close(fd)
-        return DirectSandbox(sandbox_id, proc, PipeChannel(out_r, err_r), in_w, spec, time.monotonic(), BWRAP, bundle)
+        return DirectSandbox(sandbox_id, proc, PipeChannel(out_r, err_r), in_w, spec, time.monotonic(), runtime, bundle)
 
     @staticmethod
     def _prefetch(rootfs: Path, *, wait: bool = False, force: bool = False) -> None:
