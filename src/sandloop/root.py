@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandloop.contract import ExecutionResult, SandboxLimits
 from sandloop.contract.egress import Secret
+from sandloop.images.templates import Templates
 from sandloop.pool.dispatcher import Dispatcher
 from sandloop.pool.reaper import Reaped, reap
 from sandloop.requests import build_request
@@ -63,6 +64,8 @@ class Sandloop:
         self.reserves = Reserves(self)
         #: The runtime image sandboxes start from.
         self.image = self.settings.runtime_image()
+        #: Templates: images built on the runtime image (``images/templates/``).
+        self.templates = Templates(self.backend.image_builder, self.image, self._sessions_using)
         self._closed = False
 
     # -- runs -----------------------------------------------------------------------------------
@@ -76,8 +79,10 @@ class Sandloop:
         stdin: str | bytes | None = None,
         on_output: Callable[[str, bytes], None] | None = None,
         secrets: Mapping[str, Secret] | None = None,
+        template: str | None = None,
     ) -> ExecutionResult:
-        """Run ``code`` once in a fresh, hardened, throwaway sandbox (see ``sandloop.run_code``)."""
+        """Run ``code`` once in a fresh, hardened, throwaway sandbox (see ``sandloop.run_code``);
+        ``template`` ("name[:tag]") starts it from a template instead of the runtime image."""
         request = build_request(
             code,
             language,
@@ -85,19 +90,31 @@ class Sandloop:
             limits=limits,
             stdin=stdin,
             on_output=on_output,
-            image=self.image,
+            image=self.image_for(template),
             secrets=secrets,
         )
         return self.dispatcher.run(request)
 
+    def image_for(self, template: str | None) -> str:
+        """The image a sandbox of ``template`` starts from (the runtime image for None)."""
+        return self.image if template is None else self.templates.image_for(template)
+
+    def _sessions_using(self, image_id: str) -> list[str]:
+        return [r.id for r in self.sessions.list() if r.image == image_id]
+
     # -- sessions -------------------------------------------------------------------------------
     def create_session(
-        self, limits: SandboxLimits | None = None, ttl: float = 3600, quota: str | int = "256m"
+        self,
+        limits: SandboxLimits | None = None,
+        ttl: float = 3600,
+        quota: str | int = "256m",
+        *,
+        template: str | None = None,
     ) -> Session:
-        """A new session; ``with`` deletes it at the end."""
+        """A new session (from ``template``, else the runtime image); ``with`` deletes it at the end."""
         from sandloop.sessions.session import Session
 
-        return Session.create(limits, ttl, quota, root=self)
+        return Session.create(limits, ttl, quota, root=self, template=template)
 
     def attach_session(self, session_id: str) -> Session:
         """A live session by id; ``with`` only detaches at the end."""

@@ -43,6 +43,7 @@ def run_code(
     stdin: str | bytes | None = None,
     on_output: Callable[[str, bytes], None] | None = None,
     secrets: Mapping[str, Secret] | None = None,
+    template: str | None = None,
 ) -> ExecutionResult:
     """Run ``code`` once in a fresh, hardened, throwaway sandbox and return what happened.
 
@@ -51,7 +52,16 @@ def run_code(
     ``on_output("stdout" | "stderr", data)`` sees output as it arrives (what the result keeps).
     ``secrets`` ({"NAME": Secret(value, hosts=[...])}, hosts on ``limits.egress``): the code sees a
     placeholder in $NAME; the egress proxy sends the value in its place only to those hosts.
+    ``template`` ("name[:tag]", built with ``sandloop templates build``) starts the sandbox from
+    that template instead of the runtime image, with the same isolation.
     """
     return default_root().run_code(
-        code, language, timeout_seconds, limits=limits, stdin=stdin, on_output=on_output, secrets=secrets
+        code,
+        language,
+        timeout_seconds,
+        limits=limits,
+        stdin=stdin,
+        on_output=on_output,
+        secrets=secrets,
+        template=template,
     )

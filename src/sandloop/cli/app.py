@@ -6,6 +6,7 @@
     serve.py    serve (HTTP API), mcp
     tokens.py   tokens create|ls|revoke
     images.py   images build|name
+    templates.py templates build|ls|show|rm|prune
 
 Exit codes: the code's own exit code; 124 when the sandbox killed it for time; 125 when the
 sandbox itself failed (no engine, no image, bad arguments); 2 for usage errors.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from sandloop.cli import cluster, images, run, serve, session, tokens  # noqa: F401 - they register their commands
+from sandloop.cli import cluster, images, run, serve, session, templates, tokens  # noqa: F401 - they register their commands
 from sandloop.cli.common import app
 
 __all__ = ["app", "main"]

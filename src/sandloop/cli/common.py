@@ -20,6 +20,7 @@ from sandloop.contract import (
     InvalidArgument,
     SandboxError,
     SessionNotFound,
+    TemplateNotFound,
     UnknownLanguage,
     WorkspaceFileNotFound,
 )
@@ -52,6 +53,11 @@ session_app = typer.Typer(
 app.add_typer(session_app, name="session")
 tokens_app = typer.Typer(help="Bearer tokens for `sandloop serve` (stored hashed).", no_args_is_help=True)
 app.add_typer(tokens_app, name="tokens")
+templates_app = typer.Typer(
+    help="Templates: your own images built on the runtime image (offline, sandboxed, cached per step).",
+    no_args_is_help=True,
+)
+app.add_typer(templates_app, name="templates")
 cluster_app = typer.Typer(help="A Ray cluster of sandbox nodes (SANDLOOP_BACKEND=ray).", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 
@@ -89,7 +95,7 @@ def exit_code_for(exc: SandboxError) -> int:
     (a session, a file), 125 for the sandbox itself failing."""
     if isinstance(exc, InvalidArgument | UnknownLanguage):
         return 2
-    if isinstance(exc, SessionNotFound | WorkspaceFileNotFound):
+    if isinstance(exc, SessionNotFound | WorkspaceFileNotFound | TemplateNotFound):
         return EXIT_NOT_FOUND
     return EXIT_SANDBOX
 

@@ -67,6 +67,10 @@ def run(
     ] = None,
     output_limit: Annotated[str | None, _OUTPUT_LIMIT_OPTION] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole result as JSON on stdout.")] = False,
+    template: Annotated[
+        str | None,
+        typer.Option("--template", help="Start from this template (name[:tag], see `sandloop templates ls`)."),
+    ] = None,
 ) -> None:
     """Run a program in a fresh sandbox: `sandloop run hello.py`, `echo 'print(6*7)' | sandloop run`.
     Its output is written as it arrives."""
@@ -90,7 +94,16 @@ def run(
             egress=tuple(allow or ()),
             **({"output_limit": kept} if kept is not None else {}),
         )
-        result = run_code(source, lang, timeout, limits=limits, stdin=stdin_data, secrets=secrets, on_output=streamer)
+        result = run_code(
+            source,
+            lang,
+            timeout,
+            limits=limits,
+            stdin=stdin_data,
+            secrets=secrets,
+            on_output=streamer,
+            template=template,
+        )
     except SandboxError as exc:
         if as_json:
             print(json.dumps({"code": exc.code, "message": str(exc)}))

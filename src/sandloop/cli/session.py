@@ -62,6 +62,10 @@ def session_create(
         list[str] | None,
         typer.Option("--allow", help="A host its code may reach over HTTP(S), through the egress proxy (repeatable)."),
     ] = None,
+    template: Annotated[
+        str | None,
+        typer.Option("--template", help="Start from this template (name[:tag], see `sandloop templates ls`)."),
+    ] = None,
 ) -> None:
     """Create a session and print its id."""
     from sandloop.root import configure
@@ -70,7 +74,7 @@ def session_create(
     configure(_one_call_settings())
     try:
         limits = SandboxLimits(memory=memory, runtime=runtime, egress=tuple(allow or ()))
-        s = Session.create(limits, ttl=ttl, quota=quota)
+        s = Session.create(limits, ttl=ttl, quota=quota, template=template)
     except SandboxError as exc:
         raise _fail_for(exc) from None
     s.close()

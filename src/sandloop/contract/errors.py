@@ -146,3 +146,28 @@ class SessionLost(SessionNotFound):
     """The session lived on a cluster node that is gone: its workspace and interpreter went with it."""
 
     code = "session_lost"
+
+
+class TemplateNotFound(SandboxError):
+    """No template with that name and tag on this host: build it (``sandloop templates build``)
+    or list what there is (``sandloop templates ls``)."""
+
+    code = "template_not_found"
+
+
+class TemplateInUse(SandboxError):
+    """The template cannot be removed while sessions or sandboxes run from it: delete them first."""
+
+    code = "template_in_use"
+
+
+class TemplateBuildFailed(SandboxError):
+    """A template's build step failed: ``step`` (1-based) says which, ``log_tail`` its last lines.
+    Nothing of the failed build is kept but the cached layers of the steps before it."""
+
+    code = "template_build_failed"
+
+    def __init__(self, message: str, step: int = 0, log_tail: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.log_tail = list(log_tail or [])

@@ -11,6 +11,8 @@ Three roles, as typed Protocols:
   session's interpreter another process started; ``detach`` lets go without destroying it.
   ``info()`` says what the backend is and enforces.
 - ``Workspaces``: a session's persistent /workspace, kept apart from any sandbox.
+- ``ImageBuilder``: template build steps (``images/templates/`` holds the policy); a backend
+  that cannot build returns None from ``image_builder()``.
 - ``Housekeeping``: everything the backend made carries sandloop's labels (``runtime/labels.py``);
   ``owned()`` lists it, ``remove`` removes one item, ``remove_labelled`` all of a session's
   sandboxes, ``retry_removals`` what an overloaded engine failed to remove, ``sweep_orphans``
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from sandloop.contract import CellResult, ExecutionResult, SandboxLimits
+from sandloop.contract import CellResult, ExecutionResult, SandboxError, SandboxLimits
 from sandloop.contract.egress import Secret
 from sandloop.languages import Language
 
@@ -178,6 +180,10 @@ class Backend(Protocol[S]):
 
     def info(self) -> BackendInfo: ...
 
+    def image_builder(self) -> ImageBuilder | None:
+        """What builds templates for this backend's sandboxes (None: this backend cannot)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -224,6 +230,64 @@ class Housekeeping(Protocol):
         whose answer an engine outage swallowed), older than ``min_age`` seconds (default: long
         enough that no launch in flight is touched). How many. Never raises."""
         ...
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    """What one template build step may use."""
+
+    memory_bytes: int = 2 * 1024**3
+    cpus: float = 1.0
+    pids: int = 1024
+    timeout_seconds: float = 1800
+    #: ``runc`` or ``runsc`` (gVisor) runs the step's commands.
+    runtime: str = "runc"
+    tmp_bytes: int = 1024**3
+
+
+class StepFailed(SandboxError):
+    """A build step's command exited non-zero (or ran out of time): its exit code and log tail."""
+
+    code = "template_build_failed"
+
+    def __init__(self, message: str, exit_code: int, log_tail: list[str]) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+
+
+class ImageBuilder(Protocol):
+    """Template build steps, each committed to an image (``runtime/docker/builder.py``)."""
+
+    def inspect(self, ref: str) -> dict[str, Any] | None: ...
+
+    def images(self, label: str) -> list[dict[str, Any]]: ...
+
+    def tag(self, image_id: str, repository: str, tag: str) -> None: ...
+
+    def remove_image(self, ref: str) -> str | None: ...
+
+    def containers_using(self, image_id: str) -> list[str]: ...
+
+    def read_file(self, image: str, path: str, limit: int = ...) -> bytes | None: ...
+
+    def run_step(
+        self,
+        parent: str,
+        command: str,
+        *,
+        user: str,
+        workdir: str,
+        limits: BuildLimits,
+        packages_dir: str | None = None,
+        on_line: Callable[[str], None] | None = None,
+    ) -> str: ...
+
+    def add_files(self, parent: str, archive: bytes) -> str: ...
+
+    def change(
+        self, parent: str, *, env: dict[str, str] | None = None, labels: dict[str, str] | None = None
+    ) -> str: ...
 
 
 class FullBackend(Backend[Any], Workspaces, Housekeeping, Protocol):

@@ -23,6 +23,9 @@ STATUS = {
     "engine_unavailable": 503,
     "image_missing": 503,
     "runtime_unavailable": 503,
+    "template_not_found": 404,
+    "template_in_use": 409,
+    "template_build_failed": 400,
 }
 RETRY_AFTER = {"busy": 2, "engine_unavailable": 5, "node_lost": 2}
 

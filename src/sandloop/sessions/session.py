@@ -129,6 +129,7 @@ class Session:
         quota: str | int = DEFAULT_QUOTA,
         *,
         root: Sandloop | None = None,
+        template: str | None = None,
         _record: SessionRecord | None = None,
     ) -> None:
         from sandloop.root import default_root
@@ -157,7 +158,9 @@ class Session:
                 raise InvalidArgument(f"quota must be between 8m and 64g, got {quota!r}")
             self._store.reap_expired()
             owner = limits.user if ":" in limits.user else f"{limits.user}:{limits.user}"
-            reserve = self._root.reserves.take(limits, quota_bytes, owner)
+            image = self._root.image_for(template)  # TemplateNotFound before anything is made
+            # Warm sessions run the runtime image: one from a template starts cold.
+            reserve = self._root.reserves.take(limits, quota_bytes, owner) if template is None else None
             if reserve is not None:  # a warm one: its interpreter is started, pandas imported
                 _record = self._store.claim(reserve.record, float(ttl))
                 warm = reserve.sandbox
@@ -165,7 +168,7 @@ class Session:
                 _record = self._store.create(
                     ttl_seconds=float(ttl),
                     quota_bytes=quota_bytes,
-                    image=self._root.image,
+                    image=image,
                     limits=limits.model_dump(),
                     owner_uid_gid=owner,
                 )
@@ -199,8 +202,10 @@ class Session:
         quota: str | int = DEFAULT_QUOTA,
         *,
         root: Sandloop | None = None,
+        template: str | None = None,
     ) -> Session:
-        return cls(limits, ttl, quota, root=root)
+        """A new session; ``template`` ("name[:tag]") starts its sandboxes from a template."""
+        return cls(limits, ttl, quota, root=root, template=template)
 
     @classmethod
     def attach(cls, session_id: str, *, root: Sandloop | None = None) -> Session:

@@ -310,6 +310,10 @@ class FakeBackend:
             details={"python": self.python},
         )
 
+    def image_builder(self) -> None:
+        """The test double builds no templates (its sandboxes are local processes)."""
+        return None
+
     def close(self) -> None:
         with self._lock:
             sandboxes = list(self._sandboxes.values())

@@ -34,6 +34,7 @@ from sandloop.paths import default_home
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.cgroup import memory_oom_kills
+from sandloop.runtime.docker.builder import DockerBuilder
 from sandloop.runtime.docker.errors import engine_errors
 from sandloop.runtime.docker.hardening import TMPFS_LABEL, container_config, egress_relayed
 from sandloop.runtime.docker.health import EngineBreaker
@@ -152,6 +153,10 @@ class DockerBackend:
         """The proxy if this process runs one, else a view of the sockets' directories that serves
         nothing (housekeeping must not start a proxy, or collect garbage, to remove a directory)."""
         return self._egress or EgressProxy(egress_state())
+
+    def image_builder(self) -> DockerBuilder:
+        """Template build steps on this engine (``runtime/docker/builder.py``)."""
+        return DockerBuilder(lambda: self.api)
 
     def close(self) -> None:
         with self._lock:

@@ -48,7 +48,7 @@ from typing import Any
 from sandloop.contract import CellResult, ExecutionResult, HostDiskFull, SandboxError, SandboxLimits
 from sandloop.contract.egress import Secret
 from sandloop.runtime import pagecache, protocol
-from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
+from sandloop.runtime.base import BackendInfo, ImageBuilder, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.cgroup import make_v1, memory_oom_kills
 from sandloop.runtime.docker import DockerBackend, LiveSandbox
 from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
@@ -308,6 +308,10 @@ class OCIBackend:
 
     def has_image(self, image: str) -> bool:
         return self.docker.has_image(image)
+
+    def image_builder(self) -> ImageBuilder:
+        """Templates are Docker images here; the store exports each by its id on first use."""
+        return self.docker.image_builder()
 
     def close(self) -> None:
         self.drain(30)

@@ -418,6 +418,11 @@ class RayBackend:
             },
         )
 
+    def image_builder(self) -> None:
+        """Not yet: a template is built on the driver's engine and must reach every node the way the
+        runtime image does (scripts/ship-image.sh); until then Ray sandboxes run the runtime image."""
+        return None
+
     def close(self) -> None:
         """Leaves the node actors running (they are the cluster's, and other drivers use them)."""
         with self._lock:

@@ -1,0 +1,212 @@
+"""Templates: named, versioned images built on the runtime image (or on another template) from
+steps (``spec.py``), built step by step and cached (``build.py``), with packages fetched by the
+host's own clients (``fetch.py``). Sandboxes from a template keep every isolation control: a
+template adds software, never privileges.
+
+    from sandloop import Sandloop
+    from sandloop.images.templates import TemplateSpec, Step
+
+    with Sandloop() as sl:
+        sl.templates.build(parse_steps_file(Path("steps.yaml"), "data-tools:v1"))
+        sl.run_code("import sklearn", template="data-tools:v1")
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandloop.contract import SandboxError, TemplateInUse, TemplateNotFound
+from sandloop.images.templates.build import (
+    CACHE_REPO,
+    NAME_LABEL,
+    SPEC_LABEL,
+    BuildEvent,
+    BuildResult,
+    build,
+    image_name,
+)
+from sandloop.images.templates.spec import (
+    RUNTIME,
+    Step,
+    TemplateSpec,
+    from_mapping,
+    parse_dockerfile,
+    parse_steps_file,
+    split_ref,
+)
+from sandloop.runtime.base import BuildLimits, ImageBuilder
+
+#: How long a name-to-image lookup is reused (a rebuild in another process is seen after this).
+RESOLVE_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class TemplateInfo:
+    ref: str
+    image_id: str
+    size_bytes: int
+    created: str
+    base: str
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    start_cmd: str = ""
+    ready_cmd: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.ref.partition(":")[0]
+
+    @property
+    def tag(self) -> str:
+        return self.ref.partition(":")[2]
+
+
+class Templates:
+    """A host's templates: build, list, show, resolve to an image, remove."""
+
+    def __init__(
+        self,
+        builder: Callable[[], ImageBuilder | None],
+        runtime_image: str,
+        users: Callable[[str], list[str]] = lambda image_id: [],
+    ) -> None:
+        self._builder = builder
+        self.runtime_image = runtime_image
+        #: Who uses an image (sessions' ids), besides the engine's own containers.
+        self._users = users
+        self._resolved: dict[str, tuple[float, str]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def builder(self) -> ImageBuilder:
+        found = self._builder()
+        if found is None:
+            raise SandboxError(
+                "this backend cannot build or run templates (the test double and the Ray backend run the runtime "
+                "image only); use the docker or oci backend"
+            )
+        return found
+
+    def build(
+        self,
+        spec: TemplateSpec,
+        *,
+        force: bool = False,
+        limits: BuildLimits | None = None,
+        on_event: Callable[[BuildEvent], None] | None = None,
+    ) -> BuildResult:
+        result = build(spec, self.builder, self.runtime_image, force=force, limits=limits, on_event=on_event)
+        with self._lock:
+            self._resolved.pop(spec.ref, None)
+        return result
+
+    def image_for(self, ref: str) -> str:
+        """The image id sandboxes of template ``ref`` ("name[:tag]") start from."""
+        name, tag = split_ref(ref)
+        key = f"{name}:{tag}"
+        now = time.monotonic()
+        with self._lock:
+            hit = self._resolved.get(key)
+            if hit is not None and now - hit[0] < RESOLVE_SECONDS:
+                return hit[1]
+        found = self.builder.inspect(image_name(name, tag))
+        if found is None or (found.get("Config") or {}).get("Labels", {}).get(NAME_LABEL) != key:
+            raise TemplateNotFound(f"no template {key} here: build it with `sandloop templates build {key} -f FILE`")
+        with self._lock:
+            self._resolved[key] = (now, found["Id"])
+        return str(found["Id"])
+
+    def get(self, ref: str) -> TemplateInfo:
+        name, tag = split_ref(ref)
+        found = self.builder.inspect(image_name(name, tag))
+        if found is None:
+            raise TemplateNotFound(f"no template {name}:{tag} here (sandloop templates ls)")
+        return _info(found, f"{name}:{tag}")
+
+    def list(self) -> list[TemplateInfo]:
+        out = []
+        for image in self.builder.images(NAME_LABEL):
+            for repo_tag in image.get("RepoTags") or []:
+                repository, _, tag = repo_tag.rpartition(":")
+                if repository.startswith("sandloop-template-") and repository != CACHE_REPO:
+                    ref = f"{repository.removeprefix('sandloop-template-')}:{tag}"
+                    labels = image.get("Labels") or {}
+                    out.append(
+                        _info(
+                            {
+                                "Id": image["Id"],
+                                "Size": image.get("Size"),
+                                "Created": image.get("Created"),
+                                "Config": {"Labels": labels},
+                            },
+                            ref,
+                        )
+                    )
+        return sorted(out, key=lambda t: t.ref)
+
+    def remove(self, ref: str) -> None:
+        """Remove the template (its tag; its layers when nothing else holds them). Refused while
+        a session or sandbox runs from it."""
+        info = self.get(ref)
+        users = self._users(info.image_id) + self.builder.containers_using(info.image_id)
+        if users:
+            raise TemplateInUse(
+                f"template {info.ref} is in use by {len(users)} session(s) or sandbox(es) "
+                f"({', '.join(u[:12] for u in users[:5])}): delete them first"
+            )
+        problem = self.builder.remove_image(image_name(info.name, info.tag))
+        if problem:
+            raise TemplateInUse(f"the engine would not remove template {info.ref}: {problem}")
+        with self._lock:
+            self._resolved.pop(info.ref, None)
+
+    def prune(self) -> int:
+        """Drop the build cache: the next build of any template runs every step again. Layers a
+        template still uses stay (they are its). How many cache entries went."""
+        removed = 0
+        builder = self.builder
+        for image in builder.images("sandloop.purpose"):
+            for repo_tag in image.get("RepoTags") or []:
+                if repo_tag.startswith(CACHE_REPO + ":") and builder.remove_image(repo_tag) is None:
+                    removed += 1
+        return removed
+
+
+def _info(image: dict[str, Any], ref: str) -> TemplateInfo:
+    labels = (image.get("Config") or {}).get("Labels") or {}
+    try:
+        recipe = json.loads(labels.get(SPEC_LABEL) or "{}")
+    except ValueError:
+        recipe = {}
+    created = image.get("Created")
+    if isinstance(created, int | float):
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+    return TemplateInfo(
+        ref=ref,
+        image_id=str(image["Id"]),
+        size_bytes=int(image.get("Size") or 0),
+        created=str(created or ""),
+        base=str(recipe.get("from", RUNTIME)),
+        steps=list(recipe.get("steps") or []),
+        start_cmd=str(recipe.get("start_cmd") or ""),
+        ready_cmd=str(recipe.get("ready_cmd") or ""),
+    )
+
+
+__all__ = [
+    "BuildEvent",
+    "BuildLimits",
+    "BuildResult",
+    "Step",
+    "TemplateInfo",
+    "TemplateSpec",
+    "Templates",
+    "from_mapping",
+    "parse_dockerfile",
+    "parse_steps_file",
+    "split_ref",
+]
