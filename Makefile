@@ -29,7 +29,7 @@ run: setup
 # started by bubblewrap, the rest through Docker; docs/runtimes.md), then the isolation, runner
 # and adversarial suites again on Docker only, and the isolation suite with runc starting the
 # direct runs (test_oci.py drives runc directly in the first pass).
-SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/adversarial
+SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/integration/test_templates.py tests/adversarial
 
 test: setup-dev
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

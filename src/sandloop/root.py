@@ -65,7 +65,9 @@ class Sandloop:
         #: The runtime image sandboxes start from.
         self.image = self.settings.runtime_image()
         #: Templates: images built on the runtime image (``images/templates/``).
-        self.templates = Templates(self.backend.image_builder, self.image, self._sessions_using)
+        self.templates = Templates(
+            self.backend.image_builder, self.image, self._sessions_using, lambda: self.dispatcher.quiesce(30)
+        )
         self._closed = False
 
     # -- runs -----------------------------------------------------------------------------------

@@ -101,6 +101,8 @@ def templates_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> No
         print(json.dumps([asdict(t) for t in found]))
         return
     table = Table("template", "from", "steps", "size", "created")
+    for column in table.columns[:2]:
+        column.overflow = "fold"  # a name is never cut
     for t in found:
         table.add_row(t.ref, t.base, str(len(t.steps)), f"{t.size_bytes >> 20} MiB", t.created)
     out.print(table)

@@ -73,11 +73,14 @@ class Templates:
         builder: Callable[[], ImageBuilder | None],
         runtime_image: str,
         users: Callable[[str], list[str]] = lambda image_id: [],
+        quiesce: Callable[[], object] = lambda: None,
     ) -> None:
         self._builder = builder
         self.runtime_image = runtime_image
         #: Who uses an image (sessions' ids), besides the engine's own containers.
         self._users = users
+        #: Waits for this process's used sandboxes to be torn down (they are not users any more).
+        self._quiesce = quiesce
         self._resolved: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
 
@@ -152,6 +155,7 @@ class Templates:
         """Remove the template (its tag; its layers when nothing else holds them). Refused while
         a session or sandbox runs from it."""
         info = self.get(ref)
+        self._quiesce()
         users = self._users(info.image_id) + self.builder.containers_using(info.image_id)
         if users:
             raise TemplateInUse(

@@ -85,7 +85,8 @@ def build(
         if spec.base == RUNTIME:
             raise SandboxError(f"the runtime image {runtime_image} is not built yet: run `sandloop images build`")
         raise TemplateNotFound(
-            f"the template {spec.base} this one starts from is not built here (sandloop templates ls)"
+            f"FROM {spec.base}: no template of that name is built here, and sandloop pulls from no registry: "
+            "start from the runtime image or a template (sandloop templates ls)"
         )
     parent: str = base["Id"]
     config = base.get("Config") or {}

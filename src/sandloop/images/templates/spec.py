@@ -123,10 +123,11 @@ def _packages(value: Any, where: str, kind: str) -> tuple[str, ...]:
     for item in items:
         item = item.strip()
         # A package, never an option: '--index-url=...' would reach another host, '-e .' run code.
-        if item.startswith("-") or any(c in item for c in "\n\r\x00;|&`$"):
+        url = "://" in item or " @ " in item or item.startswith(("git+", "file:"))
+        if item.startswith("-") or url or any(c in item for c in "\n\r\x00;|&`$"):
             raise InvalidArgument(
-                f"{where}: {kind} item {item!r} is not a package: options and shell syntax are refused "
-                "(packages come from the mirrors this host is configured for)"
+                f"{where}: {kind} item {item!r} is not a package: options, URLs and shell syntax are refused "
+                "(packages come from the mirrors this host is configured for, or a file in the template's folder)"
             )
         out.append(item)
     return tuple(out)

@@ -75,8 +75,9 @@ class DockerBuilder:
         return None
 
     def containers_using(self, image_id: str) -> list[str]:
+        """Running containers from ``image_id`` (a finished run's, still being removed, is not a user)."""
         with engine_errors(image_id):
-            return [c["Id"] for c in self.api.containers(all=True, filters={"ancestor": image_id})]
+            return [c["Id"] for c in self.api.containers(filters={"ancestor": image_id, "status": "running"})]
 
     def read_file(self, image: str, path: str, limit: int = 8 * 1024 * 1024) -> bytes | None:
         """One file of an image (its /etc/passwd, dpkg's status), from a container never started."""
