@@ -347,3 +347,34 @@ def test_the_cli_builds_lists_shows_runs_and_removes(tmp_path):
     ]:
         r = sandloop(*args)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_a_start_command_is_ready_before_code_and_home_files_seed_a_session(sl, tmp_path):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "app.py").write_text("print('hi from home')\n")
+    path = steps_file(
+        tmp_path,
+        """
+steps:
+  - copy: {src: proj, dest: /home/user/proj, owner: "65534:65534"}
+  - run: mkdir -p /srv && echo served > /srv/index.html
+start_cmd: cd /srv && python3 -m http.server 8000 --bind 127.0.0.1
+ready_cmd: python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000')"
+""",
+    )
+    ref = f"{NAME}-start"
+    sl.templates.build(parse_steps_file(path, ref))
+    fetch = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/index.html').read().decode())"
+    r = sl.run_code(fetch, template=ref, timeout_seconds=60)
+    assert (r.exit_code, r.stdout) == (0, "served\n\n"), r.stderr
+    with sl.create_session(template=ref) as session:
+        cell = session.run_cell(
+            fetch + "\nimport os; print(os.listdir('/workspace'), open('/home/user/proj/app.py').read())"
+        )
+        assert cell.stdout.split("\n")[0] == "served", cell
+        assert "['proj'] print('hi from home')" in cell.stdout
+        # the workspace is the session's own: a write there is not the template's
+        session.run_cell("open('/home/user/proj/new.txt', 'w').write('mine')")
+    with sl.create_session(template=ref) as fresh:
+        assert "new.txt" not in fresh.run_cell("import os; print(os.listdir('/home/user/proj'))").stdout
+    sl.templates.remove(ref)

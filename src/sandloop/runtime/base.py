@@ -271,6 +271,8 @@ class ImageBuilder(Protocol):
 
     def read_file(self, image: str, path: str, limit: int = ...) -> bytes | None: ...
 
+    def has_entries(self, image: str, path: str) -> bool: ...
+
     def run_step(
         self,
         parent: str,

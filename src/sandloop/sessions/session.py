@@ -192,6 +192,12 @@ class Session:
         )
         if warm is not None:
             self._kernel.adopt(warm)
+        if template is not None and created_here and self._root.templates.seeds_home(_record.image):
+            try:
+                self._seed_home()
+            except BaseException:
+                self.delete()
+                raise
 
     # -- identity -------------------------------------------------------------------------------
     @classmethod
@@ -380,6 +386,26 @@ class Session:
         if result.timed_out or result.sandbox_replaced:
             raise SandboxError(f"{op} failed: the session's interpreter did not answer")
         return result.reply
+
+    def _seed_home(self) -> None:
+        """The template's /home/user files into the new workspace, which is mounted over
+        /home/user in every sandbox of the session: copied inside a sandbox that has the workspace
+        at /workspace only (the template's own /home/user visible), as the session's user."""
+        spec = self._spec()
+        limits = self.limits.model_copy(update={"egress": (), "output_limit": 64 * 1024})
+        copy = (  # each entry (not the folder itself: the workspace's root is not the sandbox user's to chmod)
+            "find /home/user -mindepth 1 -maxdepth 1 -exec cp -R --preserve=mode,timestamps,links -t /workspace/ {} +"
+        )
+        request = build_request(copy, "bash", 300, limits=limits, image=self._record.image)
+        volumes = tuple(v for v in spec.volumes if v[1] == WORKSPACE)
+        request = replace(request, image=spec.image, cwd="/tmp", volumes=volumes, labels=spec.labels)
+        result = self._dispatcher.run(request, pool_size=0)
+        if result.exit_code != 0:
+            raise SandboxError(
+                f"could not copy the template's /home/user into the new session's workspace "
+                f"(exit {result.exit_code}): {(result.stderr or result.stdout)[-500:]}; make its files readable "
+                "by the sandbox's user (uid 65534), or fit them within the session's quota"
+            )
 
     # -- files ----------------------------------------------------------------------------------
     def _files(self, op: str, args: dict[str, Any], data: bytes = b"", output: int = 1024 * 1024) -> dict[str, Any]:

@@ -176,11 +176,43 @@ def main():
     return run_child, (list(header["argv"]) + [path], nonce)
 
 
+def start_template_command():
+    """A template's start command (``SANDLOOP_START_CMD``, set by its image) runs in the
+    background, its output in /tmp/.sandloop-start.log; then its ready command
+    (``SANDLOOP_READY_CMD``) is run every 0.1 s until it succeeds, before any program or cell
+    (the host's timeout bounds the wait: a start command that never gets ready times the run out)."""
+    import subprocess
+    import time
+
+    start = os.environ.pop("SANDLOOP_START_CMD", "")
+    ready = os.environ.pop("SANDLOOP_READY_CMD", "")
+    if not start:
+        return
+    log = os.open("/tmp/.sandloop-start.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    try:
+        subprocess.Popen(["/bin/sh", "-c", start], stdin=devnull, stdout=log, stderr=log, start_new_session=True)
+    except OSError as exc:
+        os.write(log, ("sandloop: cannot start the template's start command: %s\n" % exc).encode())
+    finally:
+        os.close(devnull)
+    while ready:
+        try:
+            done = subprocess.run(["/bin/sh", "-c", ready], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        except OSError:
+            break
+        if done.returncode == 0:
+            break
+        time.sleep(0.1)
+    os.close(log)
+
+
 if __name__ == "__main__":
     if os.environ.get("SANDLOOP_EGRESS_SOCKET"):  # an allowlist: its relay, before any code runs
         import egress_relay
 
         egress_relay.start()
+    start_template_command()
     if sys.argv[1:2] == ["--kernel"]:  # a session's stateful interpreter: see kernel.py
         sys.modules["launcher"] = sys.modules["__main__"]
         import kernel

@@ -23,6 +23,7 @@ from typing import Any
 from sandloop.contract import SandboxError, TemplateInUse, TemplateNotFound
 from sandloop.images.templates.build import (
     CACHE_REPO,
+    HOME_LABEL,
     NAME_LABEL,
     SPEC_LABEL,
     BuildEvent,
@@ -122,6 +123,11 @@ class Templates:
         with self._lock:
             self._resolved[key] = (now, found["Id"])
         return str(found["Id"])
+
+    def seeds_home(self, image_id: str) -> bool:
+        """Whether sessions from this template's image start with its /home/user files."""
+        found = self.builder.inspect(image_id) or {}
+        return ((found.get("Config") or {}).get("Labels") or {}).get(HOME_LABEL) == "1"
 
     def get(self, ref: str) -> TemplateInfo:
         name, tag = split_ref(ref)

@@ -31,6 +31,10 @@ CACHE_REPO = "sandloop-template-cache"
 #: Labels of a built template's image.
 NAME_LABEL = "sandloop.template"
 SPEC_LABEL = "sandloop.template.spec"
+#: Set when the template has files in /home/user, which a session's workspace is mounted over:
+#: a new session's workspace is seeded with them.
+HOME_LABEL = "sandloop.template.home"
+HOME = "/home/user"
 #: Biggest COPY (all its files) and biggest single file it may hold.
 MAX_COPY_BYTES = 1024**3
 MAX_COPY_FILES = 100_000
@@ -143,7 +147,13 @@ def build(
         "build_user": user,
     }
     labels = {NAME_LABEL: spec.ref, SPEC_LABEL: json.dumps(recipe, sort_keys=True)}
+    if builder.has_entries(parent, HOME):  # a new session's workspace (mounted there) starts with them
+        labels[HOME_LABEL] = "1"
     env = {"SANDLOOP_TEMPLATE": spec.ref}
+    if spec.start_cmd:  # the launcher runs them (images/recipe/launcher.py)
+        env["SANDLOOP_START_CMD"] = spec.start_cmd
+        if spec.ready_cmd:
+            env["SANDLOOP_READY_CMD"] = spec.ready_cmd
     key = _digest(parent, "final", labels, env)[:40]
     found = None if force else builder.inspect(f"{CACHE_REPO}:{key}")
     emit(BuildEvent(total, total, f"tag {image_name(spec.name, spec.tag)}", cached=found is not None))

@@ -102,6 +102,26 @@ class DockerBuilder:
         finally:
             self._remove(container)
 
+    def has_entries(self, image: str, path: str) -> bool:
+        """Whether the folder ``path`` of an image holds anything (reads the archive's first entries only)."""
+        import tarfile
+
+        container = self._create(image, command=["/bin/true"])
+        try:
+            with engine_errors(image):
+                try:
+                    stream, _ = self.api.get_archive(container, path, chunk_size=64 * 1024)
+                except docker.errors.NotFound:
+                    return False
+            reader = _ChunkReader(iter(stream))
+            with tarfile.open(fileobj=reader, mode="r|") as tar:
+                for number, _member in enumerate(tar):
+                    if number >= 1:  # the folder itself, then anything in it
+                        return True
+            return False
+        finally:
+            self._remove(container)
+
     # -- steps --------------------------------------------------------------------------------
     def run_step(
         self,
@@ -252,6 +272,27 @@ class DockerBuilder:
     def _remove(self, container: str) -> None:
         with contextlib.suppress(Exception):
             self.api.remove_container(container, force=True, v=True)
+
+
+class _ChunkReader(io.RawIOBase):
+    """A file over an iterator of byte chunks (tarfile's stream mode reads from it)."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._chunks, self._pending = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            try:
+                self._pending = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
 
 
 def describe_labels(image: dict[str, Any]) -> dict[str, str]:
