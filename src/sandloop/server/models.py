@@ -86,9 +86,17 @@ _STREAM: Any = Field(
 )
 
 
+_TEMPLATE = Field(
+    None,
+    max_length=230,
+    description="A template (name[:tag]) built by this token or the host's operator; left out, the runtime image.",
+)
+
+
 class RunIn(_In):
     code: str = Field(max_length=MAX_CODE_CHARS)
     language: str = "python"
+    template: str | None = _TEMPLATE
     timeout_seconds: float | None = _TIMEOUT
     stdin: str | None = Field(None, max_length=MAX_CODE_CHARS)
     limits: LimitsIn = Field(default_factory=LimitsIn)
@@ -131,9 +139,28 @@ class ContextIn(_In):
 
 
 class SessionIn(_In):
+    template: str | None = _TEMPLATE
     ttl_seconds: float = Field(3600, ge=API_MIN_TTL_SECONDS, le=API_MAX_TTL_SECONDS, allow_inf_nan=False)
     quota: str = Field("256m", pattern=SIZE_PATTERN, max_length=20)
     limits: LimitsIn = Field(default_factory=LimitsIn)
+
+
+#: Files a template build may carry in its JSON body (base64), all together.
+MAX_TEMPLATE_FILES_BYTES = 48 * 1024 * 1024
+
+
+class TemplateIn(_In):
+    """A template build: the steps of a steps file (``sandloop templates build -f``), with the
+    files its COPY steps name sent along (relative path -> base64)."""
+
+    name: str = Field(max_length=230, description="name[:tag]")
+    steps: list[dict[str, Any]] = Field(default_factory=list, max_length=200)
+    from_: str | None = Field(None, alias="from", max_length=230, description="runtime (default) or a template")
+    start_cmd: str | None = Field(None, max_length=64 * 1024)
+    ready_cmd: str | None = Field(None, max_length=64 * 1024)
+    files: dict[str, str] = Field(default_factory=dict, max_length=10_000)
+    force: bool = False
+    runtime: Literal["runc", "runsc"] = "runc"
 
 
 class AgentRunIn(_In):

@@ -32,6 +32,9 @@ def runs_routes(api: Api) -> APIRouter:
         limits = limits_for(token, body.limits)
         timeout = clamp_timeout(token, body.timeout_seconds)
         secrets = secrets_of(body.secrets)
+        template = body.template
+        if template is not None:  # one this token may see (its own, or the operator's)
+            await run_in_threadpool(root.templates.image_for, template, token.id)
         if body.stream:
             return api.sse_output(
                 token,
@@ -43,11 +46,20 @@ def runs_routes(api: Api) -> APIRouter:
                     stdin=body.stdin,
                     on_output=on_output,
                     secrets=secrets,
+                    template=template,
                 ),
             )
         with rates.use(token):  # 429s are decided here, before any thread is taken
             result = await run_in_threadpool(
-                run_code, body.code, body.language, timeout, limits=limits, stdin=body.stdin, secrets=secrets
+                lambda: run_code(
+                    body.code,
+                    body.language,
+                    timeout,
+                    limits=limits,
+                    stdin=body.stdin,
+                    secrets=secrets,
+                    template=template,
+                )
             )
         return count(result)
 

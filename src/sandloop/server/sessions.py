@@ -22,6 +22,7 @@ def session_json(record: Any) -> dict[str, Any]:
         "quota_bytes": record.quota_bytes,
         "quota_enforced": record.quota_enforced,
         "limits": record.limits,
+        "image": record.image,
     }
 
 
@@ -38,9 +39,11 @@ def session_routes(api: Api) -> APIRouter:
             quota = parse_size(body.quota)
         except ValueError as exc:
             raise ApiError(400, "invalid_argument", str(exc)) from None
+        if body.template is not None:  # one this token may see (its own, or the operator's)
+            root.templates.image_for(body.template, owner=token.id)
         with rates.use(token), session_lock:  # one check-and-create at a time, so two cannot both fit
             check_session_room(token, [r.quota_bytes for r in live_sessions(token)], quota)
-            s = root.create_session(limits, ttl=body.ttl_seconds, quota=body.quota)
+            s = root.create_session(limits, ttl=body.ttl_seconds, quota=body.quota, template=body.template)
             store.own(s.id, token.id)
             s.close()
         return session_json(s.record)

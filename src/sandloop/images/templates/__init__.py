@@ -13,6 +13,7 @@ template adds software, never privileges.
 
 from __future__ import annotations
 
+import builtins
 import json
 import threading
 import time
@@ -25,6 +26,7 @@ from sandloop.images.templates.build import (
     CACHE_REPO,
     HOME_LABEL,
     NAME_LABEL,
+    OWNER_LABEL,
     SPEC_LABEL,
     BuildEvent,
     BuildResult,
@@ -56,6 +58,8 @@ class TemplateInfo:
     steps: list[dict[str, Any]] = field(default_factory=list)
     start_cmd: str = ""
     ready_cmd: str = ""
+    #: The API token that built it ('' for the host's own user).
+    owner: str = ""
 
     @property
     def name(self) -> str:
@@ -82,7 +86,8 @@ class Templates:
         self._users = users
         #: Waits for this process's used sandboxes to be torn down (they are not users any more).
         self._quiesce = quiesce
-        self._resolved: dict[str, tuple[float, str]] = {}
+        #: name:tag -> (when, image id, owner)
+        self._resolved: dict[str, tuple[float, str, str]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -102,41 +107,62 @@ class Templates:
         force: bool = False,
         limits: BuildLimits | None = None,
         on_event: Callable[[BuildEvent], None] | None = None,
+        owner: str = "",
     ) -> BuildResult:
-        result = build(spec, self.builder, self.runtime_image, force=force, limits=limits, on_event=on_event)
+        """Build ``spec`` (``owner``: the API token building it; it alone sees the template)."""
+        try:
+            existing = self.get(spec.ref)
+        except TemplateNotFound:
+            existing = None
+        if existing is not None and existing.owner != owner:
+            raise TemplateInUse(f"the name {spec.ref} is taken by another owner's template: choose another")
+        result = build(
+            spec, self.builder, self.runtime_image, force=force, limits=limits, on_event=on_event, owner=owner
+        )
         with self._lock:
             self._resolved.pop(spec.ref, None)
         return result
 
-    def image_for(self, ref: str) -> str:
-        """The image id sandboxes of template ``ref`` ("name[:tag]") start from."""
+    def image_for(self, ref: str, owner: str | None = None) -> str:
+        """The image id sandboxes of template ``ref`` ("name[:tag]") start from; with ``owner``
+        (an API token's id) only its own templates and the host user's are found."""
         name, tag = split_ref(ref)
         key = f"{name}:{tag}"
         now = time.monotonic()
         with self._lock:
             hit = self._resolved.get(key)
-            if hit is not None and now - hit[0] < RESOLVE_SECONDS:
-                return hit[1]
-        found = self.builder.inspect(image_name(name, tag))
-        if found is None or (found.get("Config") or {}).get("Labels", {}).get(NAME_LABEL) != key:
-            raise TemplateNotFound(f"no template {key} here: build it with `sandloop templates build {key} -f FILE`")
-        with self._lock:
-            self._resolved[key] = (now, found["Id"])
-        return str(found["Id"])
+        if hit is None or now - hit[0] >= RESOLVE_SECONDS:
+            found = self.builder.inspect(image_name(name, tag))
+            labels = ((found or {}).get("Config") or {}).get("Labels") or {}
+            if found is None or labels.get(NAME_LABEL) != key:
+                raise TemplateNotFound(
+                    f"no template {key} here: build it with `sandloop templates build {key} -f FILE`"
+                )
+            hit = (now, str(found["Id"]), labels.get(OWNER_LABEL) or "")
+            with self._lock:
+                self._resolved[key] = hit
+        if owner is not None and hit[2] not in ("", owner):
+            raise TemplateNotFound(f"no template {key} here (templates are their builder's own)")
+        return hit[1]
 
     def seeds_home(self, image_id: str) -> bool:
         """Whether sessions from this template's image start with its /home/user files."""
         found = self.builder.inspect(image_id) or {}
         return ((found.get("Config") or {}).get("Labels") or {}).get(HOME_LABEL) == "1"
 
-    def get(self, ref: str) -> TemplateInfo:
+    def get(self, ref: str, owner: str | None = None) -> TemplateInfo:
         name, tag = split_ref(ref)
         found = self.builder.inspect(image_name(name, tag))
-        if found is None:
+        info = _info(found, f"{name}:{tag}") if found is not None else None
+        if info is None or (owner is not None and info.owner not in ("", owner)):
             raise TemplateNotFound(f"no template {name}:{tag} here (sandloop templates ls)")
-        return _info(found, f"{name}:{tag}")
+        return info
 
-    def list(self) -> list[TemplateInfo]:
+    def list(self, owner: str | None = None) -> list[TemplateInfo]:
+        """Every template here; with ``owner``, that token's own and the host user's."""
+        return [t for t in self._list() if owner is None or t.owner in ("", owner)]
+
+    def _list(self) -> builtins.list[TemplateInfo]:
         out = []
         for image in self.builder.images(NAME_LABEL):
             for repo_tag in image.get("RepoTags") or []:
@@ -157,10 +183,12 @@ class Templates:
                     )
         return sorted(out, key=lambda t: t.ref)
 
-    def remove(self, ref: str) -> None:
+    def remove(self, ref: str, owner: str | None = None) -> None:
         """Remove the template (its tag; its layers when nothing else holds them). Refused while
-        a session or sandbox runs from it."""
-        info = self.get(ref)
+        a session or sandbox runs from it; with ``owner``, only that token's own."""
+        info = self.get(ref, owner)
+        if owner is not None and info.owner != owner:
+            raise TemplateInUse(f"template {info.ref} is the host's own: only its operator removes it")
         self._quiesce()
         users = self._users(info.image_id) + self.builder.containers_using(info.image_id)
         if users:
@@ -204,6 +232,7 @@ def _info(image: dict[str, Any], ref: str) -> TemplateInfo:
         steps=list(recipe.get("steps") or []),
         start_cmd=str(recipe.get("start_cmd") or ""),
         ready_cmd=str(recipe.get("ready_cmd") or ""),
+        owner=str(labels.get(OWNER_LABEL) or ""),
     )
 
 

@@ -35,6 +35,8 @@ SPEC_LABEL = "sandloop.template.spec"
 #: a new session's workspace is seeded with them.
 HOME_LABEL = "sandloop.template.home"
 HOME = "/home/user"
+#: Which API token built it ('' for the host's own user: the CLI, Python): only that token sees it.
+OWNER_LABEL = "sandloop.template.owner"
 #: Biggest COPY (all its files) and biggest single file it may hold.
 MAX_COPY_BYTES = 1024**3
 MAX_COPY_FILES = 100_000
@@ -78,6 +80,7 @@ def build(
     force: bool = False,
     limits: BuildLimits | None = None,
     on_event: Callable[[BuildEvent], None] | None = None,
+    owner: str = "",
 ) -> BuildResult:
     """Build ``spec`` (or find every step of it cached) and tag it; see the module's docstring."""
     limits = limits or BuildLimits()
@@ -146,7 +149,7 @@ def build(
         "workdir": workdir,
         "build_user": user,
     }
-    labels = {NAME_LABEL: spec.ref, SPEC_LABEL: json.dumps(recipe, sort_keys=True)}
+    labels = {NAME_LABEL: spec.ref, SPEC_LABEL: json.dumps(recipe, sort_keys=True), OWNER_LABEL: owner}
     if builder.has_entries(parent, HOME):  # a new session's workspace (mounted there) starts with them
         labels[HOME_LABEL] = "1"
     env = {"SANDLOOP_TEMPLATE": spec.ref}
