@@ -378,3 +378,35 @@ ready_cmd: python3 -c "import urllib.request; urllib.request.urlopen('http://127
     with sl.create_session(template=ref) as fresh:
         assert "new.txt" not in fresh.run_cell("import os; print(os.listdir('/home/user/proj'))").stdout
     sl.templates.remove(ref)
+
+
+def test_mcp_runs_code_and_sessions_from_a_template(sl, template):
+    import asyncio
+
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    spec, _, _ = template
+    server = StdioServerParameters(command=sys.executable, args=["-m", "sandloop", "mcp"])
+
+    def text(result) -> str:
+        return "".join(c.text for c in result.content if getattr(c, "type", "") == "text")
+
+    async def main() -> None:
+        async with Client(server) as client:
+            ran = await client.call_tool(
+                "run_code", {"code": "import tinypkg; print(tinypkg.ANSWER)", "template": spec.ref}
+            )
+            assert not ran.is_error and "42" in text(ran), text(ran)
+            missing = await client.call_tool("run_code", {"code": "print(1)", "template": "nope-nope"})
+            assert missing.is_error and "no template nope-nope:latest" in text(missing)
+            sid = text(await client.call_tool("session_create", {"quota": "16m", "template": spec.ref})).strip()
+            try:
+                cell = await client.call_tool(
+                    "session_cell", {"session_id": sid, "code": "import tinypkg\ntinypkg.ANSWER"}
+                )
+                assert "42" in text(cell), text(cell)
+            finally:
+                await client.call_tool("session_delete", {"session_id": sid})
+
+    asyncio.run(main())

@@ -122,14 +122,19 @@ def create_mcp_server(
 
     @server.tool(
         description=f"Run a program once in a fresh sandbox ({langs}; Python has numpy, pandas, matplotlib). "
-        "Returns exit code, stdout, stderr, and a note when the sandbox killed or limited it. " + reach
+        "Returns exit code, stdout, stderr, and a note when the sandbox killed or limited it. "
+        "template: start from a template (name[:tag]) instead of the runtime image. " + reach
     )
     @_guarded
-    def run_code(ctx: Context, code: str, language: str = "python", timeout_seconds: float = 30) -> CallToolResult:
+    def run_code(
+        ctx: Context, code: str, language: str = "python", timeout_seconds: float = 30, template: str | None = None
+    ) -> CallToolResult:
         with metered(ctx) as token:
             if token is not None and timeout_seconds > token.max_timeout:
                 raise QuotaError(403, "over_token_limit", f"this token may ask for at most {token.max_timeout:g} s")
-            result = core_run(code, language, timeout_seconds, limits=lim, secrets=secrets)
+            if template is not None:  # over HTTP: the token's own templates and the operator's
+                root.templates.image_for(template, owner=token.id if token is not None else None)
+            result = core_run(code, language, timeout_seconds, limits=lim, secrets=secrets, template=template)
         return _text(format_execution(result), is_error=not result.ok)
 
     @server.tool(
@@ -137,13 +142,17 @@ def create_mcp_server(
         "Returns the session id. Sessions expire after ttl_seconds idle."
     )
     @_guarded
-    def session_create(ctx: Context, ttl_seconds: float = 3600, quota: str = "256m") -> CallToolResult:
+    def session_create(
+        ctx: Context, ttl_seconds: float = 3600, quota: str = "256m", template: str | None = None
+    ) -> CallToolResult:
         with metered(ctx) as token, session_lock:
+            if template is not None:
+                root.templates.image_for(template, owner=token.id if token is not None else None)
             if token is not None and tokens is not None:
                 mine = tokens.sessions_of(token.id)
                 live = [r.quota_bytes for r in root.list_sessions() if r.id in mine]
                 check_session_room(token, live, parse_size(quota))
-            s = root.create_session(lim, ttl=ttl_seconds, quota=quota)
+            s = root.create_session(lim, ttl=ttl_seconds, quota=quota, template=template)
             if token is not None and tokens is not None:
                 tokens.own(s.id, token.id)
             s.close()
