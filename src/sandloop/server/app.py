@@ -28,6 +28,7 @@ from sandloop.contract import SandboxError
 from sandloop.server.context import Api
 from sandloop.server.e2b import mount_e2b
 from sandloop.server.e2b.control import CONTROL_PATH
+from sandloop.server.e2b.templates import MAX_UPLOAD_BYTES, TEMPLATE_PATH, UPLOAD_PATH
 from sandloop.server.errors import ApiError, error_for
 from sandloop.server.guard import RequestGuard
 from sandloop.server.models import MAX_ARCHIVE_BYTES, MAX_FILE_BYTES, MAX_JSON_BYTES
@@ -85,6 +86,7 @@ def create_app(
         return (
             path.startswith("/v1/")
             or bool(CONTROL_PATH.match(path))
+            or (bool(TEMPLATE_PATH.match(path)) and not UPLOAD_PATH.match(path))  # signed: no key
             or (path == "/metrics" and metrics_access == "token")
         )
 
@@ -93,6 +95,8 @@ def create_app(
             return MAX_FILE_BYTES
         if _is_archive_post(method, path):
             return MAX_ARCHIVE_BYTES
+        if method == "PUT" and UPLOAD_PATH.match(path):
+            return MAX_UPLOAD_BYTES
         return MAX_JSON_BYTES if method in ("POST", "PUT", "PATCH") else _SMALL_BODY
 
     app.add_middleware(RequestGuard, tokens=store, body_cap=body_cap, protected=protected, on_reject=metrics.reject)

@@ -176,11 +176,15 @@ def main():
     return run_child, (list(header["argv"]) + [path], nonce)
 
 
+#: Longest a template's ready command is waited for before code runs anyway (the build checked it).
+READY_SECONDS = 60
+
+
 def start_template_command():
     """A template's start command (``SANDLOOP_START_CMD``, set by its image) runs in the
     background, its output in /tmp/.sandloop-start.log; then its ready command
-    (``SANDLOOP_READY_CMD``) is run every 0.1 s until it succeeds, before any program or cell
-    (the host's timeout bounds the wait: a start command that never gets ready times the run out)."""
+    (``SANDLOOP_READY_CMD``) is run every 0.1 s until it succeeds (at most ``READY_SECONDS``),
+    before any program or cell."""
     import subprocess
     import time
 
@@ -196,7 +200,8 @@ def start_template_command():
         os.write(log, ("sandloop: cannot start the template's start command: %s\n" % exc).encode())
     finally:
         os.close(devnull)
-    while ready:
+    deadline = time.monotonic() + READY_SECONDS
+    while ready and time.monotonic() < deadline:
         try:
             done = subprocess.run(["/bin/sh", "-c", ready], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         except OSError:
@@ -204,6 +209,9 @@ def start_template_command():
         if done.returncode == 0:
             break
         time.sleep(0.1)
+    else:
+        if ready:
+            os.write(log, b"sandloop: the template's ready command did not succeed in time; going on\n")
     os.close(log)
 
 

@@ -134,7 +134,8 @@ class Templates:
         if hit is None or now - hit[0] >= RESOLVE_SECONDS:
             found = self.builder.inspect(image_name(name, tag))
             labels = ((found or {}).get("Config") or {}).get("Labels") or {}
-            if found is None or labels.get(NAME_LABEL) != key:
+            # another tag of the same template (E2B's assign_tags) names the same image
+            if found is None or str(labels.get(NAME_LABEL, "")).partition(":")[0] != name:
                 raise TemplateNotFound(
                     f"no template {key} here: build it with `sandloop templates build {key} -f FILE`"
                 )

@@ -157,6 +157,27 @@ def build(
         env["SANDLOOP_START_CMD"] = spec.start_cmd
         if spec.ready_cmd:
             env["SANDLOOP_READY_CMD"] = spec.ready_cmd
+    if spec.start_cmd and spec.ready_cmd:  # as E2B does: the template's start is checked once here
+        key = _digest(parent, "start-check", spec.start_cmd, spec.ready_cmd)[:40]
+        if force or builder.inspect(f"{CACHE_REPO}:{key}") is None:
+            emit(BuildEvent(total, total, "check the start and ready commands"))
+            try:
+                checked = builder.run_step(
+                    parent,
+                    _start_check(spec),
+                    user=SANDBOX_USER,
+                    workdir=workdir,
+                    limits=limits,
+                    on_line=lambda text: emit(BuildEvent(total, total, "start check", line=text)),
+                )
+            except StepFailed as exc:
+                raise TemplateBuildFailed(
+                    f"template {spec.ref}: the start command did not get ready ({exc}): "
+                    + " | ".join(exc.log_tail[-10:]),
+                    step=total,
+                    log_tail=exc.log_tail,
+                ) from None
+            builder.tag(checked, CACHE_REPO, key)  # the check's result, kept only as a cache mark
     key = _digest(parent, "final", labels, env)[:40]
     found = None if force else builder.inspect(f"{CACHE_REPO}:{key}")
     emit(BuildEvent(total, total, f"tag {image_name(spec.name, spec.tag)}", cached=found is not None))
@@ -166,6 +187,23 @@ def build(
     repository, _, tag = image_name(spec.name, spec.tag).partition(":")
     builder.tag(final, repository, tag)
     return BuildResult(spec.ref, final, time.monotonic() - began, cached, built)
+
+
+#: The user sandboxes run as (a template's start command runs as it).
+SANDBOX_USER = "65534:65534"
+START_CHECK_SECONDS = 60
+
+
+def _start_check(spec: TemplateSpec) -> str:
+    """A shell script: start the start command, poll the ready command for up to a minute."""
+    tries = int(START_CHECK_SECONDS / 0.1)
+    return (
+        f"( {spec.start_cmd} ) >/tmp/.start.log 2>&1 </dev/null &\n"
+        f"i=0; while [ $i -lt {tries} ]; do if ( {spec.ready_cmd} ) >/dev/null 2>&1; then echo ready; exit 0; fi; "
+        "sleep 0.1; i=$((i+1)); done\n"
+        'tail -n 20 /tmp/.start.log; echo "the ready command did not succeed within '
+        f'{START_CHECK_SECONDS} s" >&2; exit 1\n'
+    )
 
 
 def _local_digests(spec: TemplateSpec, step: Step) -> list[str]:
@@ -206,9 +244,9 @@ def _run_step(
     if step.kind == "env":
         return builder.change(parent, env=dict(step.args))
     if step.kind in ("workdir", "user"):
-        # Recorded for the next steps; a WORKDIR is also made, owned by the build's user.
+        # Recorded for the next steps; a WORKDIR is also made (by root, as Docker's WORKDIR does).
         if step.kind == "workdir":
-            return builder.run_step(parent, f"mkdir -p {_quote(step.args[0])}", user=user, workdir="/", limits=limits)
+            return builder.run_step(parent, f"mkdir -p {_quote(step.args[0])}", user="root", workdir="/", limits=limits)
         return parent
     packages = tmp / "packages"
     packages.mkdir(mode=0o755)

@@ -178,8 +178,10 @@ class DockerBuilder:
                             on_line(line)
                     if time.monotonic() > deadline:
                         break
-                if pending:
+                if pending:  # a last line without its newline
                     tail = (tail + [pending.decode(errors="replace")])[-30:]
+                    if on_line is not None:
+                        on_line(tail[-1])
                 remaining = max(1.0, deadline - time.monotonic())
                 try:
                     status = self.api.wait(container, timeout=remaining)

@@ -8,6 +8,7 @@ sends such a request to the sandbox app (envd on 49983, the code interpreter on 
 ``/sandboxes...`` and ``/v<N>/sandboxes...``, which are always the control plane's.
 
     control.py    the control plane (X-API-Key): create, connect, list, get, timeout, kill
+    templates.py  the template build API (E2B's Template SDK) on sandloop's templates
     envd.py       processes and the filesystem (Connect RPC), /files
     jupyter.py    /execute (streamed NDJSON), /contexts
     service.py    E2B sandboxes as sessions: ownership, access tokens, timeouts, processes
@@ -32,6 +33,7 @@ from sandloop.server.e2b.envd import envd_routes
 from sandloop.server.e2b.jupyter import jupyter_routes
 from sandloop.server.e2b.registry import Registry
 from sandloop.server.e2b.service import E2B, E2BError
+from sandloop.server.e2b.templates import template_api_routes
 from sandloop.server.guard import RequestGuard
 from sandloop.server.models import MAX_FILE_BYTES, MAX_JSON_BYTES
 
@@ -162,6 +164,8 @@ def mount_e2b(app: FastAPI, api: Any) -> E2B:
     """Add the E2B control plane to ``app`` and the sandbox traffic split in front of it."""
     e2b = E2B(api, Registry(api.root.settings.home / "e2b.sqlite", api.root.settings.home / "e2b-secret"))
     app.include_router(control_routes(e2b))
+    routes, e2b.templates = template_api_routes(e2b)
+    app.include_router(routes)
     app.add_middleware(E2BSplit, sandbox=sandbox_app(e2b))
     app.router.on_shutdown.append(e2b.stop)
 

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from sandloop.contract import SandboxError, parse_size
+from sandloop.contract import InvalidArgument, SandboxError, TemplateNotFound, parse_size
 from sandloop.server.context import Auth
 from sandloop.server.e2b.service import E2B, ENVD_VERSION, MAX_TIMEOUT, TEMPLATES, TTL_MARGIN, E2BError
 from sandloop.server.errors import error_for
@@ -112,12 +112,19 @@ def control_routes(e2b: E2B) -> APIRouter:
             if _asks_for(value) or (key == "mcp" and isinstance(value, dict) and value):  # any server named
                 raise E2BError(400, f"{key}: {why}")
         template = body.get("templateID") or "base"
-        if template not in TEMPLATES:
-            raise E2BError(
-                400,
-                f"template {template!r} does not exist here: sandloop serves one image "
-                f"(use {', '.join(repr(t) for t in TEMPLATES[:2])}); custom templates are not supported",
-            )
+        if not isinstance(template, str):
+            raise E2BError(400, "templateID must be a string")
+        own: str | None = None  # a template this key built (or the operator did), else the runtime image
+        if template.split(":")[0] not in TEMPLATES:
+            try:
+                api.root.templates.image_for(template.lower(), owner=token.id)
+            except (TemplateNotFound, InvalidArgument):
+                raise E2BError(
+                    404,
+                    f"template '{template}' not found: build it with E2B's Template SDK (Template.build) or "
+                    f"`sandloop templates build`; built in: {', '.join(repr(t) for t in TEMPLATES[:2])}",
+                ) from None
+            own = template.lower()
         # SDKs before the v2 route send allow_internet_access=true whether or not the caller asked
         # (it is their default): only a v2 request's true is the caller's own choice.
         if body.get("allow_internet_access") is True and not v1:
@@ -134,7 +141,7 @@ def control_routes(e2b: E2B) -> APIRouter:
         e2b.start_reaper()
         with api.rates.use(token), api.session_lock:
             check_session_room(token, [r.quota_bytes for r in api.live_sessions(token)], quota)
-            s = api.root.create_session(limits, ttl=timeout + TTL_MARGIN, quota=quota)
+            s = api.root.create_session(limits, ttl=timeout + TTL_MARGIN, quota=quota, template=own)
             api.tokens.own(s.id, token.id)
             box = api_registry.add(
                 s.id,

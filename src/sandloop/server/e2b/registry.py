@@ -111,6 +111,10 @@ class Registry:
         """``kind`` is "envd" or "traffic"."""
         return hmac.new(self._secret, f"{kind}:{sandbox_id}".encode(), hashlib.sha256).hexdigest()
 
+    def sign(self, text: str) -> str:
+        """An HMAC of ``text`` under this install's secret (signed URLs)."""
+        return hmac.new(self._secret, f"sign:{text}".encode(), hashlib.sha256).hexdigest()
+
     def check_access(self, sandbox_id: str, envd_token: str | None, traffic_token: str | None) -> bool:
         """Every token sent must be this sandbox's, and at least one must be sent."""
         sent = [(kind, t) for kind, t in (("envd", envd_token), ("traffic", traffic_token)) if t]

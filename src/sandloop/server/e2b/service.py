@@ -164,6 +164,8 @@ class Follower:
 class E2B:
     def __init__(self, api: Api, registry: Registry) -> None:
         self.api, self.registry = api, registry
+        #: The template build API's state (templates.py), set when the routes are mounted.
+        self.templates: Any = None
         self._sessions: dict[str, Session] = {}
         self._killing: set[str] = set()  # sandboxes being removed: gone to every caller
         self._streams: dict[str, int] = {}

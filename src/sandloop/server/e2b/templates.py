@@ -1,0 +1,666 @@
+"""E2B's template build API on sandloop's templates (``images/templates/``): E2B's Template SDK
+(``Template.build``, ``build_in_background``, ``get_build_status``, ``exists``, tags, delete)
+drives it unchanged, and ``Sandbox.create("name:tag")`` starts from what it built.
+
+    POST /v3/templates                               request a build: templateID (the name), buildID
+    GET  /templates/{id}/files/{hash}                is a COPY's archive here? else a signed upload URL
+    PUT  /templates/{id}/files/{hash}/upload?...     the archive (signed URL: no API key)
+    POST /v2/templates/{id}/builds/{build}           the steps: translated and built in the background
+    GET  /templates/{id}/builds/{build}/status       status, log entries from logsOffset, reason
+    GET  /templates/aliases/{alias}                  exists?
+    POST|DELETE /templates/tags, GET /templates/{id}/tags, DELETE /templates/{id}, GET /templates
+
+Translation: E2B's steps are Dockerfile-like (RUN, COPY, ENV, WORKDIR, USER). A build reaches no
+host, so the commands the SDK writes for ``pip_install``, ``npm_install`` and ``apt_install``
+become sandloop's helper steps (the host fetches, the sandboxed step installs); any other RUN runs
+as written, without network. E2B's "user" is the sandbox's user (uid 65534). What cannot be had is
+refused in E2B's error shape: a registry pull (``from_image`` of anything but E2B's base, private
+registry credentials), ``pip install .``/``npm install`` from a project file, MCP servers.
+Builds and their logs live in this process (a restarted server answers 404 for an old build id);
+templates themselves are images and survive.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import os
+import re
+import shlex
+import shutil
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from sandloop.contract import InvalidArgument, SandboxError, TemplateNotFound
+from sandloop.images.templates import BuildEvent, TemplateSpec, split_ref
+from sandloop.images.templates.spec import RUNTIME, Step, make_step
+from sandloop.server.context import Auth
+from sandloop.server.e2b.service import TEMPLATES, E2BError
+
+if TYPE_CHECKING:
+    from sandloop.server.e2b.service import E2B
+    from sandloop.server.tokens import Token
+
+#: Every /templates... and /v<N>/templates... path is E2B's template API.
+TEMPLATE_PATH = re.compile(r"^/(v\d+/)?templates(/|$)")
+#: The signed upload URL (no API key: its signature says which key's folder it writes).
+UPLOAD_PATH = re.compile(r"^/templates/[^/]+/files/[0-9A-Za-z_-]{1,128}/upload$")
+#: Largest COPY archive one upload may carry.
+MAX_UPLOAD_BYTES = 512 * 1024 * 1024
+UPLOAD_URL_SECONDS = 3600
+#: Images E2B's SDK starts from that are sandloop's runtime image here.
+E2B_BASE_IMAGES = ("e2bdev/base", "e2bdev/code-interpreter", "e2bdev/desktop")
+#: E2B's own user in its images: here the sandbox's unprivileged user.
+E2B_USER = "user"
+SANDBOX_USER = "65534:65534"
+E2B_HOME = "/home/user"
+_HASH = re.compile(r"^[0-9A-Za-z_-]{1,128}$")
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class Build:
+    build_id: str
+    template_id: str
+    token_id: str
+    name: str
+    tag: str
+    tags: list[str]
+    status: str = "waiting"  # waiting -> building -> ready | error
+    logs: list[dict[str, Any]] = field(default_factory=list)
+    reason: dict[str, Any] | None = None
+    image_id: str = ""
+    created: float = field(default_factory=time.time)
+
+    def log(self, message: str, level: str = "info") -> None:
+        self.logs.append({"timestamp": now_iso(), "level": level, "message": message})
+        del self.logs[:-10_000]  # bounded
+
+
+class E2BTemplates:
+    def __init__(self, e2b: E2B) -> None:
+        self.e2b = e2b
+        self.root = e2b.api.root
+        self.files = self.root.settings.home / "e2b-template-files"
+        self._builds: dict[str, Build] = {}
+        #: build id -> (template id, tag) of finished builds, for tags (this process's)
+        self._lock = threading.Lock()
+        self._running = threading.BoundedSemaphore(2)
+
+    # -- names --------------------------------------------------------------------------------
+    def _ref(self, name: str) -> tuple[str, str]:
+        try:
+            return split_ref(name.strip().lower() if isinstance(name, str) else name, "template")
+        except InvalidArgument as exc:
+            raise E2BError(400, str(exc)) from None
+
+    def _build(self, token: Token, template_id: str, build_id: str) -> Build:
+        with self._lock:
+            build = self._builds.get(build_id)
+        if build is None or build.token_id != token.id or build.template_id != template_id:
+            raise E2BError(404, f"build {build_id} of template {template_id} not found")
+        return build
+
+    # -- request, files, start ----------------------------------------------------------------
+    def request(self, token: Token, body: dict[str, Any]) -> dict[str, Any]:
+        raw = body.get("name") or body.get("alias")
+        if not isinstance(raw, str):
+            raise E2BError(400, "name is required, e.g. 'my-template' or 'my-template:v1'")
+        name, tag = self._ref(raw)
+        if name in TEMPLATES:
+            raise E2BError(400, f"{name} is a built-in template here: choose another name")
+        extra = body.get("tags") or []
+        if not isinstance(extra, list) or not all(isinstance(t, str) for t in extra) or len(extra) > 32:
+            raise E2BError(400, "tags must be a list of strings")
+        tags = [tag, *[self._tag(t) for t in extra if t != tag]]
+        build = Build(str(uuid.uuid4()), name, token.id, name, tag, tags)
+        with self._lock:
+            mine = [b for b in self._builds.values() if b.token_id == token.id and b.status in ("waiting", "building")]
+            if len(mine) >= 4:
+                raise E2BError(429, "this key has 4 template builds under way: wait for one to finish")
+            self._builds[build.build_id] = build
+        return {
+            "templateID": name,
+            "buildID": build.build_id,
+            "public": False,
+            "names": [name],
+            "aliases": [name],
+            "tags": tags,
+        }
+
+    def _tag(self, tag: str) -> str:
+        if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", tag):
+            raise E2BError(400, f"tag {tag!r} is not valid: letters, digits, '_', '.', '-'")
+        return tag
+
+    def _signature(self, token_id: str, template_id: str, files_hash: str, expires: int) -> str:
+        text = f"template-upload:{token_id}:{template_id}:{files_hash}:{expires}"
+        return self.e2b.registry.sign(text)
+
+    def _archive(self, token_id: str, files_hash: str) -> Path:
+        # each key's uploads apart: another key's archive under the same hash is never used
+        return self.files / hashlib.sha256(token_id.encode()).hexdigest()[:32] / f"{files_hash}.tar"
+
+    def upload_link(self, token: Token, template_id: str, files_hash: str, base_url: str) -> dict[str, Any]:
+        if not _HASH.match(files_hash):
+            raise E2BError(400, "the files hash must be letters and digits")
+        present = self._archive(token.id, files_hash).is_file()
+        expires = int(time.time()) + UPLOAD_URL_SECONDS
+        signature = self._signature(token.id, template_id, files_hash, expires)
+        url = (
+            f"{base_url.rstrip('/')}/templates/{template_id}/files/{files_hash}/upload"
+            f"?key={token.id}&expires={expires}&signature={signature}"
+        )
+        return {"present": present, "url": url}
+
+    def check_upload(self, template_id: str, files_hash: str, query: dict[str, str]) -> Path:
+        """Where a signed upload goes, or 403 (a changed, expired or foreign URL)."""
+        try:
+            expires = int(query.get("expires", ""))
+        except ValueError:
+            raise E2BError(403, "this upload URL is not one this server signed") from None
+        key, signature = query.get("key", ""), query.get("signature", "")
+        expected = self._signature(key, template_id, files_hash, expires)
+        if not hmac.compare_digest(expected, signature):
+            raise E2BError(403, "this upload URL is not one this server signed")
+        if expires < time.time():
+            raise E2BError(403, "this upload URL has expired: ask for a new one")
+        if self.e2b.api.tokens.get(key) is None:
+            raise E2BError(403, "the key this upload URL was made for was revoked")
+        return self._archive(key, files_hash)
+
+    def start(self, token: Token, template_id: str, build_id: str, body: dict[str, Any]) -> None:
+        build = self._build(token, template_id, build_id)
+        if build.status != "waiting":
+            raise E2BError(409, f"build {build_id} was already started")
+        context = Path(tempfile.mkdtemp(prefix="sandloop-e2b-template-"))
+        try:
+            spec, force = self.translate(token, build, body, context)
+        except BaseException:
+            shutil.rmtree(context, ignore_errors=True)
+            with self._lock:
+                self._builds.pop(build_id, None)
+            raise
+        build.status = "building"
+        threading.Thread(
+            target=self._run, args=(token, build, spec, force, context), name="sandloop-e2b-build", daemon=True
+        ).start()
+
+    def _run(self, token: Token, build: Build, spec: TemplateSpec, force: bool, context: Path) -> None:
+        from sandloop.server.templates import build_limits
+
+        def event(e: BuildEvent) -> None:
+            if e.line:
+                build.log(e.line)
+            else:
+                build.log(f"[{e.step}/{e.steps}] {e.description}" + (" (cached)" if e.cached else ""))
+
+        try:
+            with self._running:
+                build.log(f"Building {spec.ref} (sandloop: steps run sandboxed, without network)")
+                result = self.root.templates.build(
+                    spec, force=force, limits=build_limits(token), on_event=event, owner=token.id
+                )
+                builder = self.root.templates.builder
+                for tag in build.tags[1:]:
+                    builder.tag(result.image_id, f"sandloop-template-{build.name}", tag)
+            build.image_id = result.image_id
+            build.log(f"Built {spec.ref} in {result.seconds:.1f} s")
+            build.status = "ready"
+        except SandboxError as exc:
+            step = getattr(exc, "step", 0)
+            build.log(str(exc), "error")
+            build.reason = {
+                "message": str(exc),
+                **({"step": str(step)} if step else {}),
+                "logEntries": build.logs[-20:],
+            }
+            build.status = "error"
+        except Exception as exc:  # noqa: BLE001 - a build thread must record, not die
+            build.log(f"internal error: {exc!r}", "error")
+            build.reason = {"message": f"the build failed: {exc}"}
+            build.status = "error"
+        finally:
+            shutil.rmtree(context, ignore_errors=True)
+
+    def status(self, token: Token, template_id: str, build_id: str, offset: int) -> dict[str, Any]:
+        build = self._build(token, template_id, build_id)
+        entries = build.logs[max(0, offset) : max(0, offset) + 100]
+        out: dict[str, Any] = {
+            "templateID": template_id,
+            "buildID": build_id,
+            "status": build.status,
+            "logEntries": entries,
+            "logs": [e["message"] for e in entries],
+        }
+        if build.reason is not None:
+            out["reason"] = build.reason
+        return out
+
+    # -- translation --------------------------------------------------------------------------
+    def translate(self, token: Token, build: Build, body: dict[str, Any], context: Path) -> tuple[TemplateSpec, bool]:
+        """E2B's build body as sandloop template steps (COPY archives unpacked under ``context``)."""
+        if body.get("fromImageRegistry"):
+            raise E2BError(400, "private registry credentials are not supported: sandloop pulls from no registry")
+        base = RUNTIME
+        if body.get("fromTemplate"):
+            base = self._from_template(token, str(body["fromTemplate"]))
+        elif body.get("fromImage"):
+            image = str(body["fromImage"])
+            if image.split(":")[0] not in E2B_BASE_IMAGES:
+                raise E2BError(
+                    400,
+                    f"from_image({image!r}): sandloop builds offline and pulls from no registry, and runs only "
+                    "images that hold its launcher: start from_base_image(), from_template('base') or one of "
+                    "your templates",
+                )
+        steps_in = body.get("steps") or []
+        if not isinstance(steps_in, list) or len(steps_in) > 200:
+            raise E2BError(400, "steps must be a list of at most 200")
+        steps: list[Step] = []
+        user, workdir = E2B_USER, E2B_HOME
+        steps.append(make_step("user", SANDBOX_USER, "base"))
+        steps.append(make_step("workdir", E2B_HOME, "base"))
+        force = bool(body.get("force"))
+        for number, raw in enumerate(steps_in, 1):
+            where = f"step {number}"
+            if not isinstance(raw, dict):
+                raise E2BError(400, f"{where}: expected an object")
+            kind, args = str(raw.get("type", "")).upper(), raw.get("args") or []
+            force = force or bool(raw.get("force"))
+            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                raise E2BError(400, f"{where}: args must be a list of strings")
+            try:
+                if kind == "RUN":
+                    run_user = args[1] if len(args) > 1 and args[1] else user
+                    steps += self._run_steps(args[0] if args else "", run_user, user, where)
+                elif kind == "COPY":
+                    steps.append(self._copy(token, raw, args, workdir, context, where))
+                elif kind == "ENV":
+                    if len(args) % 2:
+                        raise E2BError(400, f"{where}: ENV takes name, value pairs")
+                    steps.append(make_step("env", dict(zip(args[::2], args[1::2], strict=True)), where))
+                elif kind == "WORKDIR":
+                    workdir = _absolute(args[0] if args else "", workdir)
+                    steps.append(make_step("workdir", workdir, where))
+                elif kind == "USER":
+                    user = args[0] if args else E2B_USER
+                    steps.append(make_step("user", _user(user), where))
+                else:
+                    raise E2BError(400, f"{where}: {kind or 'a step without a type'} is not supported")
+            except InvalidArgument as exc:
+                raise E2BError(400, str(exc)) from None
+        start, ready = str(body.get("startCmd") or ""), str(body.get("readyCmd") or "")
+        if re.fullmatch(r"\s*sleep\s+[0-9.]+\s*", ready):
+            ready = ""  # E2B waits once, at build time; here the command starts with each sandbox
+        spec = TemplateSpec(build.name, build.tag, base, tuple(steps), start, ready if start else "", context)
+        return spec, force
+
+    def _from_template(self, token: Token, name: str) -> str:
+        if name.split(":")[0] in TEMPLATES:
+            return RUNTIME
+        try:
+            self.root.templates.image_for(name, owner=token.id)
+        except InvalidArgument as exc:
+            raise E2BError(400, str(exc)) from None
+        except TemplateNotFound:
+            raise E2BError(404, f"template {name} not found") from None
+        return name
+
+    def _run_steps(self, command: str, run_user: str, user: str, where: str) -> list[Step]:
+        """One E2B RUN as steps: the package installs the SDK writes become helper steps."""
+        out: list[Step] = []
+        wrap = run_user != user
+        if wrap:
+            out.append(make_step("user", _user(run_user), where))
+        plain: list[str] = []
+
+        def flush() -> None:
+            if plain:
+                out.append(make_step("run", " && ".join(plain), where))
+                plain.clear()
+
+        for part in (p.strip() for p in command.split("&&")):
+            helper = _helper(part, where)
+            if isinstance(helper, str):  # "skip"
+                continue
+            if helper is not None:
+                flush()
+                out.append(helper)
+            else:
+                plain.append(part)
+        flush()
+        if wrap:
+            out.append(make_step("user", _user(user), where))
+        return out
+
+    def _copy(
+        self, token: Token, raw: dict[str, Any], args: list[str], workdir: str, context: Path, where: str
+    ) -> Step:
+        if len(args) < 2:
+            raise E2BError(400, f"{where}: COPY takes a source and a destination")
+        files_hash = str(raw.get("filesHash") or "")
+        archive = self._archive(token.id, files_hash) if _HASH.match(files_hash) else None
+        if archive is None or not archive.is_file():
+            raise E2BError(400, f"{where}: the files of COPY {args[0]} were not uploaded (hash {files_hash})")
+        unpacked = context / files_hash
+        if not unpacked.exists():
+            unpacked.mkdir()
+            try:
+                with tarfile.open(archive) as tar:  # gzip or not
+                    tar.extractall(unpacked, filter=_inside)
+            except (tarfile.TarError, OSError) as exc:
+                raise E2BError(400, f"{where}: the uploaded archive of {args[0]} is not a tar: {exc}") from None
+        stage = context / f"stage-{where.replace(' ', '-')}"
+        src = _stage(unpacked, args[0], stage, where, into_folder=args[1].endswith("/"))
+        dest = _absolute(args[1], workdir)
+        owner = _user(args[2]) if len(args) > 2 and args[2] else SANDBOX_USER
+        if not re.fullmatch(r"\d+(:\d+)?", owner):
+            owner = "0:0"
+        mode = args[3] if len(args) > 3 and args[3] else ""
+        return make_step("copy", {"src": src, "dest": dest, "owner": owner, "mode": mode}, where)
+
+    # -- names, tags, delete ------------------------------------------------------------------
+    def alias(self, token: Token, alias: str) -> dict[str, Any]:
+        name = alias.split(":")[0]
+        if name in TEMPLATES:
+            return {"templateID": name, "public": True}
+        try:
+            self.root.templates.get(alias if ":" in alias else f"{alias}:latest", owner=token.id)
+        except (TemplateNotFound, InvalidArgument):
+            if not any(t.name == name for t in self.root.templates.list(owner=token.id)):
+                raise E2BError(404, f"template {alias} not found") from None
+        return {"templateID": name, "public": False}
+
+    def _build_of(self, image_id: str) -> str:
+        with self._lock:
+            for build in self._builds.values():
+                if build.image_id == image_id:
+                    return build.build_id
+        return str(uuid.UUID(hashlib.sha256(image_id.encode()).hexdigest()[:32]))  # stable for one image
+
+    def assign_tags(self, token: Token, body: dict[str, Any]) -> dict[str, Any]:
+        target, tags = body.get("target"), body.get("tags")
+        if not isinstance(target, str) or not isinstance(tags, list) or not tags:
+            raise E2BError(400, 'send {"target": "name:tag", "tags": ["production"]}')
+        name, tag = self._ref(target)
+        info = self._mine(token, f"{name}:{tag}")
+        wanted = []
+        for raw in tags:
+            if not isinstance(raw, str):
+                raise E2BError(400, "tags must be strings")
+            tag_name, colon, tag_only = raw.rpartition(":")
+            if colon and (not tag_name or not tag_only or tag_name != name):
+                raise E2BError(400, f"tag {raw!r} is not valid: 'tag' or '{name}:tag'")
+            wanted.append(self._tag(tag_only if colon else raw))
+        for t in wanted:
+            self.root.templates.builder.tag(info.image_id, f"sandloop-template-{name}", t)
+        return {"buildID": self._build_of(info.image_id), "tags": wanted}
+
+    def remove_tags(self, token: Token, body: dict[str, Any]) -> None:
+        name, tags = body.get("name"), body.get("tags")
+        if not isinstance(name, str) or not isinstance(tags, list):
+            raise E2BError(400, 'send {"name": "my-template", "tags": ["production"]}')
+        for tag in tags:
+            self._remove(token, f"{self._ref(name)[0]}:{self._tag(str(tag))}")
+
+    def tags(self, token: Token, template_id: str) -> list[dict[str, Any]]:
+        name = self._ref(template_id)[0]
+        found = [t for t in self.root.templates.list(owner=token.id) if t.name == name]
+        if not found:
+            raise E2BError(404, f"template {template_id} not found")
+        return [{"tag": t.tag, "buildID": self._build_of(t.image_id), "createdAt": t.created} for t in found]
+
+    def delete(self, token: Token, template_id: str) -> None:
+        name = self._ref(template_id)[0]
+        found = [t for t in self.root.templates.list(owner=token.id) if t.name == name and t.owner == token.id]
+        if not found:
+            raise E2BError(404, f"template {template_id} not found")
+        for info in found:
+            self._remove(token, info.ref)
+
+    def _mine(self, token: Token, ref: str) -> Any:
+        try:
+            info = self.root.templates.get(ref, owner=token.id)
+        except TemplateNotFound:
+            raise E2BError(404, f"template {ref} not found") from None
+        if info.owner != token.id:
+            raise E2BError(403, f"template {ref} is the host's own")
+        return info
+
+    def _remove(self, token: Token, ref: str) -> None:
+        self._mine(token, ref)
+        try:
+            self.root.templates.remove(ref, owner=token.id)
+        except SandboxError as exc:
+            raise E2BError(409 if exc.code == "template_in_use" else 400, str(exc)) from None
+
+    def list(self, token: Token) -> list[dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for t in self.root.templates.list(owner=token.id):
+            entry = out.setdefault(
+                t.name,
+                {
+                    "templateID": t.name,
+                    "buildID": self._build_of(t.image_id),
+                    "aliases": [t.name],
+                    "names": [t.name],
+                    "public": t.owner == "",
+                    "createdAt": t.created,
+                    "updatedAt": t.created,
+                    "cpuCount": 1,
+                    "memoryMB": 512,
+                    "diskSizeMB": t.size_bytes >> 20,
+                    "buildStatus": "ready",
+                    "buildCount": 1,
+                    "spawnCount": 0,
+                    "tags": [],
+                },
+            )
+            entry["tags"].append(t.tag)
+        return list(out.values())
+
+
+def _user(user: str) -> str:
+    return SANDBOX_USER if user in (E2B_USER, "") else user
+
+
+def _absolute(path: str, workdir: str) -> str:
+    if not path:
+        return workdir
+    if path.startswith("~"):
+        path = E2B_HOME + path[1:]
+    joined = PurePosixPath(path) if path.startswith("/") else PurePosixPath(workdir) / path
+    parts: list[str] = []
+    for part in joined.parts[1:]:
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part != ".":
+            parts.append(part)
+    return "/" + "/".join(parts)
+
+
+_PIP = re.compile(r"^(?:sudo\s+)?(?:python3?\s+-m\s+)?pip3?\s+install\s+(.*)$")
+_NPM = re.compile(r"^(?:sudo\s+)?npm\s+(?:install|i)\s+(.*)$")
+_APT = re.compile(r"^(?:sudo\s+)?(?:[A-Z_]+=\S*\s+)*apt(?:-get)?\s+install\s+(.*)$")
+_APT_UPDATE = re.compile(r"^(?:sudo\s+)?apt(?:-get)?\s+update(\s+-[a-z]+)*$")
+
+
+def _helper(part: str, where: str) -> Step | str | None:
+    """A package install the SDK writes, as a helper step ("skip": nothing to do here)."""
+    if _APT_UPDATE.match(part):
+        return "skip"  # the host's package lists are used
+    for pattern, kind, flags in (
+        (
+            _PIP,
+            "pip_install",
+            {"--user", "--upgrade", "-U", "--no-cache-dir", "-q", "--quiet", "--break-system-packages"},
+        ),
+        (_NPM, "npm_install", {"-g", "--global", "--save-dev", "-D", "--save", "-q", "--silent"}),
+        (_APT, "apt_install", {"-y", "--yes", "-q", "--no-install-recommends", "--fix-missing"}),
+    ):
+        match = pattern.match(part)
+        if match is None:
+            continue
+        try:
+            words = shlex.split(match.group(1))
+        except ValueError:
+            return None
+        packages = [w for w in words if w not in flags]
+        if packages and all(p.startswith(("/", "./", "~")) for p in packages) and kind == "pip_install":
+            return None  # wheels the template copied in: pip installs them as written, offline
+        if not packages or any(p == "." or p.startswith("-") for p in packages):
+            raise E2BError(
+                400,
+                f"{where}: {part!r}: sandloop installs named packages only (from this host's mirrors); a build "
+                "from a project folder or with other options cannot run without network",
+            )
+        return make_step(kind, packages, where)
+    return None
+
+
+def _inside(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+    """tarfile's "data" filter, skipping (not failing on) what it refuses: a link to an absolute
+    path or out of the archive, a device. Nothing is written outside the folder."""
+    try:
+        return tarfile.data_filter(member, path)
+    except tarfile.FilterError:
+        return None
+
+
+def _stage(unpacked: Path, pattern: str, stage: Path, where: str, *, into_folder: bool) -> str:
+    """What E2B's COPY of ``pattern`` puts at its destination, laid out under ``stage``: a folder
+    brings its contents, a file itself. Returns the copy step's source (relative to the context):
+    one file copied to a destination not ending in '/' is that file, as Docker's COPY."""
+    import glob
+
+    stage.mkdir()
+    pattern = pattern.removeprefix("./")
+    matches = sorted(glob.glob(pattern, root_dir=unpacked, recursive=True, include_hidden=True))
+    if not matches:
+        raise E2BError(400, f"{where}: COPY {pattern} matched no uploaded file")
+    for match in matches:
+        source = unpacked / match
+        if not source.resolve().is_relative_to(unpacked.resolve()):
+            continue
+        if source.is_dir() and not source.is_symlink():
+            shutil.copytree(source, stage, symlinks=True, dirs_exist_ok=True)
+        else:
+            target = stage / source.name
+            if source.is_symlink():
+                target.symlink_to(source.readlink())
+            else:
+                shutil.copy2(source, target)
+    entries = list(stage.iterdir())
+    glob_pattern = any(c in pattern for c in "*?[")  # a pattern's matches go into a folder
+    if len(matches) == 1 and len(entries) == 1 and not into_folder and not glob_pattern and not entries[0].is_dir():
+        return f"{stage.name}/{entries[0].name}"
+    return stage.name
+
+
+def template_api_routes(e2b: E2B) -> Any:
+    """The routes (authenticated by X-API-Key, except the signed upload)."""
+    templates = E2BTemplates(e2b)
+    router = APIRouter(include_in_schema=False)
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if not raw:
+            return {}
+        try:
+            body = await request.json()
+        except (ValueError, RecursionError):
+            raise E2BError(400, "the body must be JSON") from None
+        if not isinstance(body, dict):
+            raise E2BError(400, "the body must be a JSON object")
+        return body
+
+    @router.post("/v3/templates", status_code=202)
+    @router.post("/v2/templates", status_code=202)
+    async def request_build(request: Request, token: Auth) -> dict[str, Any]:
+        body = await body_of(request)
+        with e2b.api.rates.use(token):
+            return templates.request(token, body)
+
+    @router.get("/templates/{template_id}/files/{files_hash}", status_code=201)
+    def upload_link(template_id: str, files_hash: str, request: Request, token: Auth) -> dict[str, Any]:
+        return templates.upload_link(token, template_id, files_hash, str(request.base_url))
+
+    @router.put("/templates/{template_id}/files/{files_hash}/upload")
+    async def upload(template_id: str, files_hash: str, request: Request) -> Response:
+        target = templates.check_upload(template_id, files_hash, dict(request.query_params))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+        size = 0
+        try:
+            with open(partial, "wb") as f:
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > MAX_UPLOAD_BYTES:
+                        raise E2BError(413, f"a COPY's files may be at most {MAX_UPLOAD_BYTES >> 20} MiB")
+                    f.write(chunk)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return Response(status_code=200)
+
+    @router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
+    @router.post("/templates/{template_id}/builds/{build_id}", status_code=202)
+    async def start_build(template_id: str, build_id: str, request: Request, token: Auth) -> Response:
+        body = await body_of(request)
+        await run_in_threadpool(templates.start, token, template_id, build_id, body)
+        return Response(status_code=202)
+
+    @router.get("/templates/{template_id}/builds/{build_id}/status")
+    def build_status(template_id: str, build_id: str, request: Request, token: Auth) -> dict[str, Any]:
+        try:
+            offset = int(request.query_params.get("logsOffset") or 0)
+        except ValueError:
+            raise E2BError(400, "logsOffset must be a number") from None
+        return templates.status(token, template_id, build_id, offset)
+
+    @router.get("/templates/aliases/{alias}")
+    def alias(alias: str, token: Auth) -> dict[str, Any]:
+        return templates.alias(token, alias)
+
+    @router.post("/templates/tags", status_code=201)
+    async def assign_tags(request: Request, token: Auth) -> dict[str, Any]:
+        body = await body_of(request)
+        return await run_in_threadpool(templates.assign_tags, token, body)
+
+    @router.delete("/templates/tags", status_code=204)
+    async def remove_tags(request: Request, token: Auth) -> Response:
+        body = await body_of(request)
+        await run_in_threadpool(templates.remove_tags, token, body)
+        return Response(status_code=204)
+
+    @router.get("/templates/{template_id}/tags")
+    def tags(template_id: str, token: Auth) -> list[dict[str, Any]]:
+        return templates.tags(token, template_id)
+
+    @router.get("/templates")
+    @router.get("/v2/templates")
+    def list_templates(token: Auth) -> JSONResponse:
+        return JSONResponse(templates.list(token))
+
+    @router.delete("/templates/{template_id}", status_code=204)
+    def delete(template_id: str, token: Auth) -> Response:
+        templates.delete(token, template_id)
+        return Response(status_code=204)
+
+    return router, templates
