@@ -338,6 +338,8 @@ def test_the_cli_builds_lists_shows_runs_and_removes(tmp_path):
     assert sandloop("templates", "rm", name).returncode == 0
     r = sandloop("templates", "show", name)
     assert r.returncode == 1 and "no template" in r.stderr
+    r = sandloop("templates", "prune")
+    assert r.returncode == 0 and "cached build steps" in r.stderr
     # bad input: the flag the user typed, exit 2, no traceback
     for args, words in [
         (("templates", "build", "Bad Name", "-f", str(path)), "not valid"),
