@@ -271,3 +271,36 @@ def test_the_api_docs_render_with_their_operations(page, tmp_path):
     assert page.locator(".info .title").inner_text().startswith("sandloop")
     shot(page, tmp_path, "api-docs")
     assert errors == []
+
+
+@pytest.fixture
+def operator_template(tmp_path):
+    """A template the host's operator built (every token may use it), removed afterwards."""
+    import uuid
+
+    from sandloop.images.templates import parse_steps_file
+    from sandloop.root import default_root
+
+    (tmp_path / "mytool.py").write_text("def answer():\n    return 42\n")
+    (tmp_path / "steps.yaml").write_text(
+        "steps:\n  - copy: {src: mytool.py, dest: /opt/tools/mytool.py}\n  - env: {PYTHONPATH: /opt/tools}\n"
+    )
+    ref = f"playground-{uuid.uuid4().hex[:8]}:v1"
+    templates = default_root().templates
+    templates.build(parse_steps_file(tmp_path / "steps.yaml", ref))
+    yield ref
+    templates.remove(ref)
+
+
+def test_a_session_and_a_run_from_a_template(operator_template, page, tmp_path):
+    expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-"), timeout=60_000)
+    expect(page.locator(f"#template option[value='{operator_template}']")).to_have_count(1, timeout=30_000)
+    page.select_option("#template", operator_template)
+    before = page.locator("#session-id").inner_text()
+    page.click("#new-session")
+    expect(page.locator("#session-id")).not_to_have_text(before, timeout=60_000)
+    set_code(page, 0, "import mytool\nprint(mytool.answer())")
+    first = page.locator(".cell").nth(0)
+    first.locator(".run").click()
+    expect(first.locator(".stdout")).to_have_text("42\n", timeout=60_000)
+    shot(page, tmp_path, "playground-template")

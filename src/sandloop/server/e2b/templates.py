@@ -495,9 +495,9 @@ def _absolute(path: str, workdir: str) -> str:
     return "/" + "/".join(parts)
 
 
-_PIP = re.compile(r"^(?:sudo\s+)?(?:python3?\s+-m\s+)?pip3?\s+install\s+(.*)$")
-_NPM = re.compile(r"^(?:sudo\s+)?npm\s+(?:install|i)\s+(.*)$")
-_APT = re.compile(r"^(?:sudo\s+)?(?:[A-Z_]+=\S*\s+)*apt(?:-get)?\s+install\s+(.*)$")
+_PIP = re.compile(r"^(?:sudo\s+)?(?:python3?\s+-m\s+)?pip3?\s+install(?:\s+(.*))?$")
+_NPM = re.compile(r"^(?:sudo\s+)?npm\s+(?:install|i)(?:\s+(.*))?$")
+_APT = re.compile(r"^(?:sudo\s+)?(?:[A-Z_]+=\S*\s+)*apt(?:-get)?\s+install(?:\s+(.*))?$")
 _APT_UPDATE = re.compile(r"^(?:sudo\s+)?apt(?:-get)?\s+update(\s+-[a-z]+)*$")
 
 
@@ -518,7 +518,7 @@ def _helper(part: str, where: str) -> Step | str | None:
         if match is None:
             continue
         try:
-            words = shlex.split(match.group(1))
+            words = shlex.split(match.group(1) or "")
         except ValueError:
             return None
         packages = [w for w in words if w not in flags]

@@ -267,7 +267,7 @@ async function runCell(cell) {
       path = "/v1/runs";
       body = {
         code, language, timeout_seconds: timeout, stdin: $("stdin").value || null, stream: true,
-        limits: { memory: $("memory").value, runtime: $("runtime").value },
+        limits: { memory: $("memory").value, runtime: $("runtime").value }, template: $("template").value || null,
       };
     }
     await sse(path, body, (kind, data) => {
@@ -321,7 +321,19 @@ function attach(id) {
   refreshFiles();
 }
 
+// Templates this token may use (its own and the operator's): new runs and sessions start from the chosen one.
+async function refreshTemplates() {
+  const select = $("template");
+  const chosen = select.value;
+  let found = [];
+  try { found = await api("GET", "/v1/templates"); } catch (e) { return; }
+  select.replaceChildren(el("option", { value: "", textContent: "runtime image" }));
+  for (const t of found) select.append(el("option", { value: t.ref, textContent: t.ref }));
+  select.value = found.some((t) => t.ref === chosen) ? chosen : "";
+}
+
 async function refreshSessions() {
+  refreshTemplates();
   const list = $("sessions");
   list.innerHTML = "";
   let mine = [];
@@ -342,6 +354,7 @@ $("new-session").addEventListener("click", async () => {
   try {
     const s = await api("POST", "/v1/sessions", {
       ttl_seconds: 3600, quota: "64m", limits: { memory: $("memory").value, runtime: $("runtime").value },
+      template: $("template").value || null,
     });
     attach(s.id);
     await refreshSessions();
@@ -486,6 +499,7 @@ async function startNotebook() {
   try {
     const s = await api("POST", "/v1/sessions", {
       ttl_seconds: 3600, quota: "64m", limits: { memory: $("memory").value, runtime: $("runtime").value },
+      template: $("template").value || null,
     });
     if (session) { api("DELETE", `/v1/sessions/${s.id}`).catch(() => {}); return; } // one was chosen meanwhile
     attach(s.id);
