@@ -76,6 +76,20 @@ def _strings(value: Any, name: str) -> dict[str, str]:
     return dict(value)
 
 
+async def body_of(request: Request) -> dict[str, Any]:
+    """A control-plane body: a JSON object, or nothing ({})."""
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        body = await request.json()
+    except (ValueError, RecursionError):  # RecursionError: nested past any sense (a 400)
+        raise E2BError(400, "the body must be JSON") from None
+    if not isinstance(body, dict):
+        raise E2BError(400, "the body must be a JSON object")
+    return body
+
+
 def control_routes(e2b: E2B) -> APIRouter:
     router = APIRouter(include_in_schema=False)
     api, api_registry = e2b.api, e2b.registry
@@ -156,18 +170,6 @@ def control_routes(e2b: E2B) -> APIRouter:
             )
             s.close()
         return sandbox_json(box)
-
-    async def body_of(request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        if not raw:
-            return {}
-        try:
-            body = await request.json()
-        except (ValueError, RecursionError):  # RecursionError: nested past any sense (a 400)
-            raise E2BError(400, "the body must be JSON") from None
-        if not isinstance(body, dict):
-            raise E2BError(400, "the body must be a JSON object")
-        return body
 
     @router.post("/sandboxes", status_code=201)
     @router.post("/v2/sandboxes", status_code=201)

@@ -46,6 +46,7 @@ from sandloop.contract import InvalidArgument, SandboxError, TemplateNotFound
 from sandloop.images.templates import BuildEvent, TemplateSpec, split_ref
 from sandloop.images.templates.spec import RUNTIME, Step, make_step
 from sandloop.server.context import Auth
+from sandloop.server.e2b.control import body_of
 from sandloop.server.e2b.service import TEMPLATES, E2BError
 
 if TYPE_CHECKING:
@@ -577,18 +578,6 @@ def template_api_routes(e2b: E2B) -> Any:
     """The routes (authenticated by X-API-Key, except the signed upload)."""
     templates = E2BTemplates(e2b)
     router = APIRouter(include_in_schema=False)
-
-    async def body_of(request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        if not raw:
-            return {}
-        try:
-            body = await request.json()
-        except (ValueError, RecursionError):
-            raise E2BError(400, "the body must be JSON") from None
-        if not isinstance(body, dict):
-            raise E2BError(400, "the body must be a JSON object")
-        return body
 
     @router.post("/v3/templates", status_code=202)
     @router.post("/v2/templates", status_code=202)
