@@ -28,6 +28,13 @@ def _cleanup():
     for sid in TOKENS.sessions_of(TOKEN.id):  # sessions the fuzzer created
         with contextlib.suppress(Exception):
             Session.attach(sid).delete()
+    from sandloop.root import default_root
+
+    templates = default_root().templates  # and the templates it built (its own)
+    for info in templates.list(owner=TOKEN.id):
+        if info.owner == TOKEN.id:
+            with contextlib.suppress(Exception):
+                templates.remove(info.ref, owner=TOKEN.id)
     shutil.rmtree(_DIR, ignore_errors=True)
 
 

@@ -112,12 +112,8 @@ class Templates:
         owner: str = "",
     ) -> BuildResult:
         """Build ``spec`` (``owner``: the API token building it; it alone sees the template)."""
-        try:
-            existing = self.get(spec.ref)
-        except TemplateNotFound:
-            existing = None
-        if existing is not None and existing.owner != owner:
-            raise TemplateInUse(f"the name {spec.ref} is taken by another owner's template: choose another")
+        if any(t.name == spec.name and t.owner != owner for t in self._list()):
+            raise TemplateInUse(f"the name {spec.name} is taken by another owner's template: choose another")
         result = build(
             spec, self.builder, self.runtime_image, force=force, limits=limits, on_event=on_event, owner=owner
         )
