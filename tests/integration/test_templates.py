@@ -412,3 +412,17 @@ def test_mcp_runs_code_and_sessions_from_a_template(sl, template):
                 await client.call_tool("session_delete", {"session_id": sid})
 
     asyncio.run(main())
+
+
+def test_build_steps_run_on_the_runtime_asked_for(sl, tmp_path, runtime):
+    from sandloop.runtime.base import BuildLimits
+
+    path = steps_file(tmp_path, "steps:\n  - run: cat /proc/version > /opt/kernel\n")
+    ref = f"{NAME}-on-{runtime}"
+    sl.templates.build(parse_steps_file(path, ref), limits=BuildLimits(runtime=runtime), force=True)
+    try:
+        kernel = sl.run_code("print(open('/opt/kernel').read())", template=ref).stdout
+        # gVisor's Sentry says it is Linux 4.4.0; the host's kernel is newer
+        assert ("Linux version 4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016" in kernel) == (runtime == "runsc"), kernel
+    finally:
+        sl.templates.remove(ref)
