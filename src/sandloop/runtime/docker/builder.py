@@ -166,27 +166,38 @@ class DockerBuilder:
             with engine_errors(parent, limits.runtime):
                 self.api.start(container)
             deadline = time.monotonic() + limits.timeout_seconds
-            pending = b""
+            pending, seen = b"", 0
+
+            def take(data: bytes, final: bool) -> None:
+                nonlocal pending, tail
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                if final and pending:  # a last line without its newline
+                    lines, pending = [*lines, pending], b""
+                for raw in lines:
+                    line = raw.decode(errors="replace").rstrip("\r")
+                    tail = (tail + [line])[-30:]
+                    if on_line is not None:
+                        on_line(line)
+
             with engine_errors(parent):
                 for chunk in self.api.logs(container, stream=True, follow=True):
-                    pending += chunk
-                    *lines, pending = pending.split(b"\n")
-                    for raw in lines:
-                        line = raw.decode(errors="replace").rstrip("\r")
-                        tail = (tail + [line])[-30:]
-                        if on_line is not None:
-                            on_line(line)
+                    seen += len(chunk)
+                    take(chunk, final=False)
                     if time.monotonic() > deadline:
                         break
-                if pending:  # a last line without its newline
-                    tail = (tail + [pending.decode(errors="replace")])[-30:]
-                    if on_line is not None:
-                        on_line(tail[-1])
                 remaining = max(1.0, deadline - time.monotonic())
                 try:
                     status = self.api.wait(container, timeout=remaining)
                 except Exception:  # noqa: BLE001 - requests' read timeout: the step ran out of time
                     status = None
+                # A follow stream opened as a quick step ends can miss its last output (seen here:
+                # a one-line `cat`): what the log holds beyond what was streamed comes now.
+                with contextlib.suppress(Exception):
+                    whole = self.api.logs(container, stdout=True, stderr=True)
+                    if len(whole) > seen:
+                        take(whole[seen:], final=False)
+                take(b"", final=True)
             if status is None or time.monotonic() > deadline:
                 with contextlib.suppress(Exception):
                     self.api.kill(container)

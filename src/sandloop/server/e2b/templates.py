@@ -314,6 +314,9 @@ class E2BTemplates:
     def _from_template(self, token: Token, name: str) -> str:
         if name.split(":")[0] in TEMPLATES:
             return RUNTIME
+        why = _NOT_HERE.get(name.split(":")[0])
+        if why:
+            raise E2BError(400, f"from_template({name!r}): {why}")
         try:
             self.root.templates.image_for(name, owner=token.id)
         except InvalidArgument as exc:
@@ -476,6 +479,15 @@ class E2BTemplates:
         return list(out.values())
 
 
+#: E2B's own templates that cannot be had here, and why.
+_NOT_HERE = {
+    "mcp-gateway": "the MCP gateway template is not available: it runs its gateway as root inside the sandbox; "
+    "sandloop serves MCP itself (`sandloop mcp`)",
+    "devcontainer": "the devcontainer template is not available: building a dev container needs a container "
+    "engine inside the sandbox, which sandloop never gives one",
+}
+
+
 def _user(user: str) -> str:
     return SANDBOX_USER if user in (E2B_USER, "") else user
 
@@ -506,6 +518,12 @@ def _helper(part: str, where: str) -> Step | str | None:
     """A package install the SDK writes, as a helper step ("skip": nothing to do here)."""
     if _APT_UPDATE.match(part):
         return "skip"  # the host's package lists are used
+    if re.match(r"^(?:sudo\s+)?git\s+clone\b", part):
+        raise E2BError(
+            400,
+            f"{where}: {part!r}: a build step reaches no host, so git clone cannot run; check the repository "
+            "out here and copy() it into the template",
+        )
     for pattern, kind, flags in (
         (
             _PIP,
