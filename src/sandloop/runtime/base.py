@@ -245,6 +245,10 @@ class BuildLimits:
     tmp_bytes: int = 1024**3
 
 
+#: Where a helper step's packages (fetched on the host) appear, read-only, in its build container.
+PACKAGES_DIR = "/tmp/sandloop-packages"
+
+
 class StepFailed(SandboxError):
     """A build step's command exited non-zero (or ran out of time): its exit code and log tail."""
 

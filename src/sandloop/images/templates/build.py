@@ -7,24 +7,25 @@ cached results of the steps before it remain (``sandloop templates prune`` remov
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
-import shutil
+import shlex
 import stat
 import tarfile
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sandloop.contract import InvalidArgument, SandboxError, TemplateBuildFailed, TemplateNotFound
 from sandloop.images.templates import fetch
 from sandloop.images.templates.spec import RUNTIME, TEMPLATE_REPO_PREFIX, Step, TemplateSpec, split_ref
-from sandloop.runtime.base import BuildLimits, ImageBuilder, StepFailed
+from sandloop.runtime.base import PACKAGES_DIR, BuildLimits, ImageBuilder, StepFailed
 
 #: Repository of cached step results.
 CACHE_REPO = "sandloop-template-cache"
@@ -61,7 +62,6 @@ class BuildResult:
     seconds: float
     cached_steps: int
     built_steps: int
-    events: list[str] = field(default_factory=list)
 
 
 def image_name(name: str, tag: str) -> str:
@@ -246,7 +246,9 @@ def _run_step(
     if step.kind in ("workdir", "user"):
         # Recorded for the next steps; a WORKDIR is also made (by root, as Docker's WORKDIR does).
         if step.kind == "workdir":
-            return builder.run_step(parent, f"mkdir -p {_quote(step.args[0])}", user="root", workdir="/", limits=limits)
+            return builder.run_step(
+                parent, f"mkdir -p {shlex.quote(step.args[0])}", user="root", workdir="/", limits=limits
+            )
         return parent
     packages = tmp / "packages"
     packages.mkdir(mode=0o755)
@@ -254,19 +256,19 @@ def _run_step(
     if step.kind == "pip_install":
         wanted = fetch.pip_packages(step.args, spec.context, packages, step.where, line)
         command = (
-            f"python3 -m pip install --no-index --find-links {fetch.PACKAGES_IN_IMAGE} --no-cache-dir "
+            f"python3 -m pip install --no-index --find-links {PACKAGES_DIR} --no-cache-dir "
             f"--root-user-action=ignore --break-system-packages --disable-pip-version-check --no-warn-script-location "
-            + " ".join(_quote(w) for w in wanted)
+            + " ".join(shlex.quote(w) for w in wanted)
         )
     elif step.kind == "npm_install":
         modules = fetch.npm_packages(step.args, spec.context, packages, step.where, line)
         # Into NODE_PATH (the image's node finds them there), their commands into /usr/local/bin.
         command = (
-            f"set -e; cd {fetch.PACKAGES_IN_IMAGE}/node_modules; mkdir -p /usr/local/lib/node_modules; "
+            f"set -e; cd {PACKAGES_DIR}/node_modules; mkdir -p /usr/local/lib/node_modules; "
             "for p in $(ls -A | grep -v '^\\.bin$'); do rm -rf /usr/local/lib/node_modules/$p; "
             "cp -a $p /usr/local/lib/node_modules/; done; "
             "if [ -d .bin ]; then for b in .bin/*; do t=$(readlink -f $b); "
-            'ln -sf "/usr/local/lib/node_modules/${t#' + fetch.PACKAGES_IN_IMAGE + '/node_modules/}" '
+            'ln -sf "/usr/local/lib/node_modules/${t#' + PACKAGES_DIR + '/node_modules/}" '
             "/usr/local/bin/$(basename $b); done; fi"
         )
         if not modules.is_dir():
@@ -278,27 +280,13 @@ def _run_step(
         debs = fetch.apt_packages(step.args, status, packages, step.where, line)
         if not debs:
             return parent  # everything is installed already
-        command = f"dpkg -i {fetch.PACKAGES_IN_IMAGE}/*.deb"
+        command = f"dpkg -i {PACKAGES_DIR}/*.deb"
     for path in packages.rglob("*"):  # the build's user (often not root) reads them
-        with _quiet():
+        with contextlib.suppress(OSError):
             path.chmod(path.stat().st_mode | stat.S_IROTH | (stat.S_IXOTH if path.is_dir() else 0))
     return builder.run_step(
         parent, command, user=user, workdir=workdir, limits=limits, packages_dir=str(packages), on_line=line
     )
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return exc[0] is not None and issubclass(exc[0], OSError)  # type: ignore[arg-type]
-
-
-def _quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 @dataclass(frozen=True)
@@ -352,7 +340,3 @@ def _step_files(spec: TemplateSpec, step: Step, tmp: Path) -> _Files:
                 tar.addfile(info)
             # sockets, devices, fifos: not copied
     return _Files(archive, digest.hexdigest())
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandloop.contract import InvalidArgument, SandboxError
+from sandloop.runtime.base import PACKAGES_DIR
 
 Progress = Callable[[str], None]
 #: The runtime image's Python and the newest glibc its wheels may need (bookworm: 2.36).
@@ -70,7 +71,7 @@ def pip_packages(items: tuple[str, ...], context: Path, dest: Path, where: str, 
                 raise InvalidArgument(f"{where}: {item}: only wheels (.whl) install from a file: nothing is built here")
             shutil.copy2(path, dest / path.name)
             args.append(str(dest / path.name))
-            wanted.append(f"{PACKAGES_IN_IMAGE}/{path.name}")
+            wanted.append(f"{PACKAGES_DIR}/{path.name}")
         else:
             check_remote(item, where)
             args.append(item)
@@ -126,7 +127,3 @@ def apt_packages(items: tuple[str, ...], dpkg_status: bytes, dest: Path, where: 
     shutil.rmtree(archives / "partial", ignore_errors=True)
     (archives / "lock").unlink(missing_ok=True)
     return sorted(p.name for p in archives.glob("*.deb"))
-
-
-#: Where a helper's packages are in the build container (runtime/docker/builder.py mounts them).
-PACKAGES_IN_IMAGE = "/tmp/sandloop-packages"

@@ -21,7 +21,7 @@ from typing import Any
 import docker.errors
 from docker.types import LogConfig, Mount
 from sandloop.contract import SandboxError
-from sandloop.runtime.base import BuildLimits, StepFailed
+from sandloop.runtime.base import PACKAGES_DIR, BuildLimits, StepFailed
 from sandloop.runtime.docker.errors import engine_errors
 from sandloop.runtime.docker.hardening import seccomp_options
 from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
@@ -29,8 +29,6 @@ from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
 #: Capabilities a package manager needs as root in its own image layer; nothing that reaches the
 #: host's kernel objects (no sys_admin, net_*, mknod, sys_ptrace, setpcap, audit, kill of others).
 BUILD_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID")
-#: Where a helper step's fetched packages appear in the build container (read-only).
-PACKAGES_DIR = "/tmp/sandloop-packages"
 #: Labels a committed image must not carry from its build container (they name a process).
 _OWNER_KEYS = ("owner", "purpose", "created", "expires")
 
@@ -308,9 +306,4 @@ class _ChunkReader(io.RawIOBase):
         return n
 
 
-def describe_labels(image: dict[str, Any]) -> dict[str, str]:
-    labels: dict[str, str] = (image.get("Config") or {}).get("Labels") or image.get("Labels") or {}
-    return labels
-
-
-__all__ = ["BUILD_CAPS", "PACKAGES_DIR", "BuildLimits", "DockerBuilder", "StepFailed", "describe_labels"]
+__all__ = ["BUILD_CAPS", "PACKAGES_DIR", "BuildLimits", "DockerBuilder", "StepFailed"]
