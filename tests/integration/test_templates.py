@@ -426,3 +426,26 @@ def test_build_steps_run_on_the_runtime_asked_for(sl, tmp_path, runtime):
         assert ("Linux version 4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016" in kernel) == (runtime == "runsc"), kernel
     finally:
         sl.templates.remove(ref)
+
+
+def test_a_build_killed_mid_step_leaves_nothing_once_reaped_and_built_again(sl, tmp_path):
+    slow = steps_file(tmp_path, "steps:\n  - run: echo started; sleep 300\n", "slow.yaml")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandloop", "templates", "build", f"{NAME}-killed", "-f", str(slow)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the step runs: its container and scratch folder exist
+        if "started" in line:
+            break
+    proc.kill()
+    proc.wait()
+    sl.reap()  # the build container's owner is gone
+    assert build_containers() == []
+    ok = steps_file(tmp_path, "steps:\n  - run: 'true'\n", "ok.yaml")
+    sl.templates.build(parse_steps_file(ok, f"{NAME}-after"))  # sweeps what the killed build left
+    sl.templates.remove(f"{NAME}-after")
+    import glob
+
+    assert [p for p in glob.glob("/tmp/sandloop-template-*") if f"-{proc.pid}-" in p] == []

@@ -35,32 +35,23 @@ def runs_routes(api: Api) -> APIRouter:
         template = body.template
         if template is not None:  # one this token may see (its own, or the operator's)
             await run_in_threadpool(root.templates.image_for, template, token.id)
-        if body.stream:
-            return api.sse_output(
-                token,
-                lambda on_output, _cancel: run_code(  # a run ends by its own timeout
-                    body.code,
-                    body.language,
-                    timeout,
-                    limits=limits,
-                    stdin=body.stdin,
-                    on_output=on_output,
-                    secrets=secrets,
-                    template=template,
-                ),
+
+        def run(on_output: Any = None) -> Any:
+            return run_code(
+                body.code,
+                body.language,
+                timeout,
+                limits=limits,
+                stdin=body.stdin,
+                on_output=on_output,
+                secrets=secrets,
+                template=template,
             )
+
+        if body.stream:  # a run ends by its own timeout: the cancel is not needed
+            return api.sse_output(token, lambda on_output, _cancel: run(on_output))
         with rates.use(token):  # 429s are decided here, before any thread is taken
-            result = await run_in_threadpool(
-                lambda: run_code(
-                    body.code,
-                    body.language,
-                    timeout,
-                    limits=limits,
-                    stdin=body.stdin,
-                    secrets=secrets,
-                    template=template,
-                )
-            )
+            result = await run_in_threadpool(run)
         return count(result)
 
     @router.get("/v1/usage")

@@ -8,7 +8,6 @@ import base64
 import binascii
 import os
 import shutil
-import tempfile
 import threading
 from dataclasses import asdict
 from pathlib import Path, PurePosixPath
@@ -19,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from sandloop.contract import InvalidArgument, TemplateBuildFailed, parse_size
 from sandloop.images.templates import BuildLimits, from_mapping, split_ref
+from sandloop.images.templates.build import scratch
 from sandloop.server.context import Api, Auth
 from sandloop.server.errors import ApiError
 from sandloop.server.models import MAX_TEMPLATE_FILES_BYTES, TemplateIn
@@ -66,7 +66,7 @@ def template_routes(api: Api) -> APIRouter:
 
         def work() -> dict[str, Any]:
             name, tag = split_ref(body.name)
-            context = Path(tempfile.mkdtemp(prefix="sandloop-template-api-"))
+            context = scratch("api-")
             try:
                 write_context(body.files, context)
                 raw: dict[str, Any] = {"steps": body.steps}

@@ -13,11 +13,12 @@ import io
 import json
 import os
 import shlex
+import shutil
 import stat
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,27 @@ def image_name(name: str, tag: str) -> str:
     return f"{TEMPLATE_REPO_PREFIX}{name}:{tag}"
 
 
+#: Scratch folders of builds: "sandloop-template-<pid>-...", so that one a killed build left is
+#: known by its dead owner and removed by the next build (seen: a build SIGKILLed mid-step).
+SCRATCH_PREFIX = "sandloop-template-"
+
+
+def scratch(kind: str = "") -> Path:
+    """A new scratch folder of this process (``kind`` names what it is for)."""
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{kind}"))
+
+
+def sweep_scratch() -> int:
+    """Remove scratch folders whose process is gone; how many. Never raises."""
+    removed = 0
+    for path in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*"):
+        pid = path.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    return removed
+
+
 def _digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -85,6 +107,7 @@ def build(
     """Build ``spec`` (or find every step of it cached) and tag it; see the module's docstring."""
     limits = limits or BuildLimits()
     began = time.monotonic()
+    sweep_scratch()
     emit = on_event or (lambda event: None)
     base_ref = runtime_image if spec.base == RUNTIME else image_name(*split_ref(spec.base, "from"))
     base = builder.inspect(base_ref)
@@ -105,7 +128,7 @@ def build(
             user = step.args[0]
         elif step.kind == "workdir":
             workdir = step.args[0]
-        with tempfile.TemporaryDirectory(prefix="sandloop-template-") as tmp:
+        with _scratch_for_step() as tmp:
             files = _step_files(spec, step, Path(tmp)) if step.kind == "copy" else None
             key = _digest(
                 parent, step.kind, step.args, user, workdir, files.digest if files else "", _local_digests(spec, step)
@@ -204,6 +227,15 @@ def _start_check(spec: TemplateSpec) -> str:
         'tail -n 20 /tmp/.start.log; echo "the ready command did not succeed within '
         f'{START_CHECK_SECONDS} s" >&2; exit 1\n'
     )
+
+
+@contextlib.contextmanager
+def _scratch_for_step() -> Iterator[str]:
+    path = scratch("step-")
+    try:
+        yield str(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _local_digests(spec: TemplateSpec, step: Step) -> list[str]:

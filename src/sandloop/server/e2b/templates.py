@@ -30,7 +30,6 @@ import re
 import shlex
 import shutil
 import tarfile
-import tempfile
 import threading
 import time
 import uuid
@@ -44,6 +43,7 @@ from starlette.concurrency import run_in_threadpool
 
 from sandloop.contract import InvalidArgument, SandboxError, TemplateNotFound
 from sandloop.images.templates import BuildEvent, TemplateSpec, split_ref
+from sandloop.images.templates.build import scratch
 from sandloop.images.templates.spec import RUNTIME, Step, make_step
 from sandloop.server.context import Auth
 from sandloop.server.e2b.control import body_of
@@ -98,7 +98,6 @@ class E2BTemplates:
         self.root = e2b.api.root
         self.files = self.root.settings.home / "e2b-template-files"
         self._builds: dict[str, Build] = {}
-        #: build id -> (template id, tag) of finished builds, for tags (this process's)
         self._lock = threading.Lock()
         self._running = threading.BoundedSemaphore(2)
 
@@ -188,7 +187,7 @@ class E2BTemplates:
         build = self._build(token, template_id, build_id)
         if build.status != "waiting":
             raise E2BError(409, f"build {build_id} was already started")
-        context = Path(tempfile.mkdtemp(prefix="sandloop-e2b-template-"))
+        context = scratch("e2b-")
         try:
             spec, force = self.translate(token, build, body, context)
         except BaseException:
