@@ -51,7 +51,7 @@ def our_containers(patience: float = 60.0) -> list:
             pooled |= dispatcher.pooled_ids()
         client = docker.from_env()
         try:
-            found = client.containers.list(all=True, filters={"label": f"sandloop.owner={OWNER}"})
+            found = client.containers.list(all=True, sparse=True, filters={"label": f"sandloop.owner={OWNER}"})
         finally:
             client.close()
         left = [c for c in found if c.id not in pooled]

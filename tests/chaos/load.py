@@ -127,7 +127,8 @@ def leftovers(sessions: list[str]) -> list[str]:
         for sid in sessions:
             label = f"sandloop.session={sid}"
             out += [
-                f"session container {c.id[:12]}" for c in client.containers.list(all=True, filters={"label": label})
+                f"session container {c.id[:12]}"
+                for c in client.containers.list(all=True, sparse=True, filters={"label": label})
             ]
             out += [f"session volume {v.name}" for v in client.volumes.list(filters={"label": label})]
         mounts = Path("/proc/mounts").read_text()

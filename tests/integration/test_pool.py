@@ -141,7 +141,7 @@ def test_reaper_cleans_up_after_a_process_killed_mid_run():
         assert {r.owner for r in dry} >= {owner_pid_label} and all(r.reason for r in dry)
         removed = reap(DockerBackend())
         assert {r.id for r in removed} >= {c.id for c in mine}
-        left = client.containers.list(all=True, filters={"label": f"sandloop.owner={owner_pid_label}"})
+        left = client.containers.list(all=True, sparse=True, filters={"label": f"sandloop.owner={owner_pid_label}"})
         assert left == []
         foreign.reload()  # untouched: still there
         foreign.remove(force=True)

@@ -121,7 +121,7 @@ def test_a_cell_the_stream_cannot_carry_replaces_the_interpreter(session):
     assert after.value == "False" and not after.interpreter_restarted  # a fresh interpreter
     client = docker.from_env()
     try:
-        kernels = client.containers.list(all=True, filters={"label": f"sandloop.session={session.id}"})
+        kernels = client.containers.list(all=True, sparse=True, filters={"label": f"sandloop.session={session.id}"})
         assert broken.id not in [c.id for c in kernels]
     finally:
         client.close()
@@ -312,7 +312,9 @@ def test_reattach_from_another_process(session):
 def test_workspace_survives_its_containers_being_recycled(session):
     session.write_file("keep.txt", "kept")
     session.run_cell("x = 1")
-    for c in docker.from_env().containers.list(all=True, filters={"label": f"sandloop.session={session.id}"}):
+    for c in docker.from_env().containers.list(
+        all=True, sparse=True, filters={"label": f"sandloop.session={session.id}"}
+    ):
         c.remove(force=True)  # the kernel and any pooled sandboxes: gone
     assert session.read_file("keep.txt") == b"kept"
     r = session.run_cell("'x' in globals()")
@@ -335,7 +337,7 @@ def test_ttl_expiry_removes_session_and_workspace():
         Session.attach(sid)
     client = docker.from_env()
     assert client.volumes.list(filters={"name": record.volume}) == []
-    assert client.containers.list(all=True, filters={"label": f"sandloop.session={sid}"}) == []
+    assert client.containers.list(all=True, sparse=True, filters={"label": f"sandloop.session={sid}"}) == []
     assert not (store.root / sid).exists()
 
 
@@ -347,7 +349,7 @@ def test_delete_leaves_nothing_behind():
     sid, volume = s.id, s.record.volume
     s.delete()
     client = docker.from_env()
-    assert client.containers.list(all=True, filters={"label": f"sandloop.session={sid}"}) == []
+    assert client.containers.list(all=True, sparse=True, filters={"label": f"sandloop.session={sid}"}) == []
     assert client.volumes.list(filters={"name": volume}) == []
     from sandloop.runner import default_root
 

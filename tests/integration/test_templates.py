@@ -36,12 +36,16 @@ def sl():
                     root.templates.remove(info.ref)
 
 
-def build_containers() -> list:
+def build_containers() -> list[str]:
+    """Build containers left, by id. Listed without inspecting each (one removed between the list and
+    its inspection is gone, not an error); one Docker is removing right now (another reaper, such as
+    this process's periodic one, got there first) is on its way out and not counted."""
     client = docker.from_env()
     try:
-        return client.containers.list(all=True, filters={"label": "sandloop.purpose=template-build"})
+        found = client.api.containers(all=True, filters={"label": "sandloop.purpose=template-build"})
     finally:
         client.close()
+    return [c["Id"] for c in found if c.get("State") != "removing"]
 
 
 def steps_file(folder, text: str, name: str = "steps.yaml"):

@@ -36,7 +36,7 @@ def warm_root(tmp_path):
 def session_containers(session_id: str) -> list:
     client = docker.from_env()
     try:
-        return client.containers.list(all=True, filters={"label": f"sandloop.session={session_id}"})
+        return client.containers.list(all=True, sparse=True, filters={"label": f"sandloop.session={session_id}"})
     finally:
         client.close()
 
