@@ -14,3 +14,15 @@ def default_home() -> Path:
     if os.geteuid() == 0:
         return Path("/var/lib/sandloop")
     return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "sandloop"
+
+
+def tree_size(path: Path) -> int:
+    """Bytes a directory's files take on disk (what a snapshot costs its owner)."""
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total

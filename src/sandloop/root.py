@@ -30,6 +30,7 @@ from sandloop.pool.reaper import Reaped, reap
 from sandloop.requests import build_request
 from sandloop.runtime.base import BackendInfo, FullBackend
 from sandloop.sessions.reserve import Reserves
+from sandloop.sessions.snapshots import SnapshotStore
 from sandloop.sessions.store import SessionRecord, SessionStore
 from sandloop.settings import Settings
 
@@ -60,6 +61,8 @@ class Sandloop:
         self.backend: FullBackend = backend or self.settings.build_backend(node_root)
         self.dispatcher = Dispatcher(self.backend, self.settings)
         self.sessions = SessionStore(self.backend, self.settings.home)
+        #: Sessions' snapshots (``sessions/snapshots.py``).
+        self.snapshots = SnapshotStore(self.settings.home)
         #: Warm sessions (``Settings.session_pool_size``), in the dispatcher's pools.
         self.reserves = Reserves(self)
         #: The runtime image sandboxes start from.

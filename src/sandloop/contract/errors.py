@@ -16,6 +16,10 @@ sandbox itself cannot do its job::
     ├── WorkspaceFull               the session's workspace quota is used up
     ├── HostDiskFull                the host's disk cannot back a workspace or an image export
     ├── SessionNotFound             no live session with that id (deleted or expired)
+    ├── SessionPaused               the session is paused: resume it first
+    ├── SessionNotPaused            resume of a running session, pause of a paused one
+    ├── SnapshotNotFound            no snapshot with that id
+    ├── SnapshotIncompatible        a memory snapshot made by another runsc, image or CPU
     └── SandboxBusy                 admission control refused the run; retry later
 
 Every message says what to do about it. Every class has a stable ``code`` that front ends map
@@ -171,3 +175,28 @@ class TemplateBuildFailed(SandboxError):
         super().__init__(message)
         self.step = step
         self.log_tail = list(log_tail or [])
+
+
+class SnapshotNotFound(SandboxError):
+    """No snapshot with that id (it was deleted, or retention removed it)."""
+
+    code = "snapshot_not_found"
+
+
+class SnapshotIncompatible(SandboxError):
+    """A memory snapshot this host cannot restore: made by another runsc, from another image, or
+    on another CPU."""
+
+    code = "snapshot_incompatible"
+
+
+class SessionPaused(SandboxError):
+    """The session is paused: resume it (``Session.attach`` or ``resume``) to run code in it."""
+
+    code = "session_paused"
+
+
+class SessionNotPaused(SandboxError):
+    """Resume asked of a session that is running (or pause of one already paused)."""
+
+    code = "session_conflict"

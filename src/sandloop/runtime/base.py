@@ -296,5 +296,23 @@ class ImageBuilder(Protocol):
     ) -> str: ...
 
 
+@runtime_checkable
+class MemorySnapshots(Protocol):
+    """A backend that can write a session interpreter's whole state (memory, processes, open files)
+    to disk and start a new interpreter from it (``runtime/oci/kernels.py``: runsc's checkpoint)."""
+
+    def checkpoint_problem(self, kernel: Any) -> str | None:
+        """Why this interpreter's memory cannot be kept (None: it can)."""
+        ...
+
+    def checkpoint(self, kernel: Any, directory: Path) -> int:
+        """Write its state into ``directory`` (made here); it stops and is removed. Bytes written."""
+        ...
+
+    def restore(self, spec: SandboxSpec, directory: Path, *, lifetime_seconds: float) -> Any:
+        """A new interpreter of ``spec`` (its workspace) from a checkpoint's directory."""
+        ...
+
+
 class FullBackend(Backend[Any], Workspaces, Housekeeping, Protocol):
     """A backend that plays all three roles (every backend sandloop ships), whatever its handles."""

@@ -26,6 +26,10 @@ STATUS = {
     "template_not_found": 404,
     "template_in_use": 409,
     "template_build_failed": 400,
+    "snapshot_not_found": 404,
+    "snapshot_incompatible": 409,
+    "session_paused": 409,
+    "session_conflict": 409,
 }
 RETRY_AFTER = {"busy": 2, "engine_unavailable": 5, "node_lost": 2}
 

@@ -61,16 +61,39 @@ class Kernel:
         self.lock_path = lock_path
         self.lifetime = lifetime
         self._sandbox: Sandbox | None = None
+        self._held = threading.local()
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """One cell at a time per session, across processes."""
-        with open(self.lock_path, "a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+    def locked(self) -> Iterator[None]:
+        """One cell (or pause, snapshot, resume) at a time per session, across processes; a thread
+        already holding it enters again (a pause runs its own cells)."""
+        if getattr(self._held, "depth", 0):
+            self._held.depth += 1
             try:
                 yield
             finally:
+                self._held.depth -= 1
+            return
+        with open(self.lock_path, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            self._held.depth = 1
+            try:
+                yield
+            finally:
+                self._held.depth = 0
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    def running(self) -> Sandbox | None:
+        """The session's interpreter if one runs (connected), without starting one."""
+        if self._sandbox is not None and self.backend.is_alive(self._sandbox):
+            return self._sandbox
+        self._drop(remove=False)
+        self._sandbox = self.backend.find_kernel(self.session_id, self.spec)
+        return self._sandbox
+
+    def forget(self) -> None:
+        """The interpreter is gone (checkpointed): let go of its handle without removing anything."""
+        self._sandbox = None
 
     def adopt(self, sandbox: Sandbox) -> None:
         """Use this running interpreter (a warm session's) for the next cell."""
@@ -106,7 +129,7 @@ class Kernel:
     ) -> CellResult:
         """``detach``: let go of the interpreter's stream after the cell (under the same lock), so
         no idle connection of this process receives another process's cells meanwhile."""
-        with self._locked():
+        with self.locked():
             sandbox = self._connect()
             result = self.backend.run_cell(
                 sandbox,

@@ -22,8 +22,10 @@ import json
 import math
 import os
 import re
+import shutil
 import tarfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from importlib import resources
@@ -40,6 +42,8 @@ from sandloop.contract import (
     PathRefused,
     SandboxError,
     SandboxLimits,
+    SessionNotPaused,
+    SessionPaused,
     TooLarge,
     WorkspaceFileNotFound,
     WorkspaceFull,
@@ -49,6 +53,18 @@ from sandloop.contract.egress import Secret
 from sandloop.requests import build_request, check_secrets, check_timeout
 from sandloop.runtime.base import Sandbox, SandboxSpec
 from sandloop.sessions.kernel import Kernel, interpreter_spec, lock_file
+from sandloop.sessions.snapshots import (
+    LOAD_STATE,
+    PAUSED,
+    SAVE_STATE,
+    STATE_FILE,
+    SnapshotRecord,
+    copy_files,
+    memory_backend,
+    new_snapshot_id,
+    paused_kind,
+    validate_count,
+)
 from sandloop.sessions.store import SESSION_LABEL, WORKSPACE, SessionRecord
 from sandloop.sessions.watch import Watcher, check_watchable
 
@@ -222,7 +238,12 @@ class Session:
         record = root.sessions.load(session_id)
         root.sessions.ensure_workspace(record)
         root.sessions.touch(record)
-        return cls(root=root, _record=record)
+        session = cls(root=root, _record=record)
+        with session._kernel.locked():
+            session._recover()
+            if session.paused:  # attaching is using it: a paused session resumes
+                session.resume()
+        return session
 
     @classmethod
     def list(cls, *, root: Sandloop | None = None) -> list[SessionRecord]:
@@ -241,11 +262,16 @@ class Session:
     def _spec(self, kernel: bool = False) -> SandboxSpec:
         return interpreter_spec(self._record, kernel=kernel)
 
-    def _live(self) -> None:
+    def _check_open(self) -> None:
         if self._closed:
             raise SandboxError(
                 f"session {self.id} is closed in this process; Session.attach({self.id!r}) to use it again"
             )
+
+    def _live(self) -> None:
+        self._check_open()
+        if self.paused:
+            raise SessionPaused(f"session {self.id} is paused: resume it (resume(), or Session.attach) to use it")
         self._store.touch(self._record)
 
     # -- running --------------------------------------------------------------------------------
@@ -527,6 +553,233 @@ class Session:
             "download", {"path": check_path(path), "max_bytes": MAX_READ_BYTES * 2}, output=64 * 1024 * 1024
         )
         return base64.b64decode(reply["data"])
+
+    # -- pause, resume, snapshots, forks (snapshots.py) ---------------------------------------------
+    @property
+    def _home(self) -> Path:
+        return self._store.root / self.id
+
+    @property
+    def paused(self) -> str | None:
+        """How the session is paused ("memory", "state" or "files"), or None while it runs."""
+        return paused_kind(self._home)
+
+    def pause(self) -> str:
+        """Stop the session's interpreter and keep what it had: its memory where the backend can
+        (gVisor on the direct backend), else its picklable Python state; the workspace stays.
+        Nothing runs and no memory is held until ``resume`` (or ``Session.attach``). A cell in
+        flight finishes (or times out) first. Returns the kind kept ("memory", "state", "files").
+
+        Raises:
+            SessionNotPaused: it is paused already.
+        """
+        self._check_open()
+        with self._kernel.locked():
+            self._recover()
+            if self.paused:
+                raise SessionNotPaused(f"session {self.id} is already paused; resume it first")
+            staged = self._home / f".{PAUSED}"
+            shutil.rmtree(staged, ignore_errors=True)
+            staged.mkdir(mode=0o700)
+            try:
+                kind, dropped = self._keep(staged, keep_running=False)
+                (staged / "dropped.json").write_text(json.dumps(dropped))
+                (staged / "kind").write_text(kind)
+                os.rename(staged, self._home / PAUSED)
+            except BaseException:
+                shutil.rmtree(staged, ignore_errors=True)
+                raise
+            self._dispatcher.drop_pools(lambda spec: (SESSION_LABEL, self.id) in spec.labels)
+            return kind
+
+    def resume(self) -> str:
+        """Start the paused session again as it was (same id); the kind it was kept as.
+
+        Raises:
+            SessionNotPaused: it is running.
+            SnapshotIncompatible: its memory was kept by another runsc, image or CPU.
+        """
+        self._check_open()
+        with self._kernel.locked():
+            self._recover()
+            kind = self.paused
+            if kind is None:
+                raise SessionNotPaused(f"session {self.id} is running: there is nothing to resume")
+            self._bring_back(self._home / PAUSED, kind)
+            shutil.rmtree(self._home / PAUSED)
+            self._store.touch(self._record)
+            return kind
+
+    def snapshot(self, name: str = "", *, owner: str = "") -> SnapshotRecord:
+        """Keep the session as it is now (see ``pause`` for what each kind keeps, with a copy of
+        the workspace's files); it goes on running. ``Session.from_snapshot`` starts new sessions
+        from it. ``owner``: who it counts against (the HTTP API's token)."""
+        self._live()
+        if not isinstance(name, str) or len(name) > 128:
+            raise InvalidArgument("a snapshot's name is a string of at most 128 characters")
+        snapshots = self._root.snapshots
+        snapshot_id = new_snapshot_id()
+        staged = snapshots.staging(snapshot_id)
+        staged.mkdir(mode=0o700)
+        try:
+            with self._kernel.locked():
+                kind, dropped = self._keep(staged, keep_running=True)
+            record = self._record
+            return snapshots.commit(
+                SnapshotRecord(
+                    snapshot_id,
+                    self.id,
+                    name,
+                    kind,
+                    time.time(),
+                    0,
+                    record.image,
+                    record.limits,
+                    record.quota_bytes,
+                    self._record_owner(),
+                    record.ttl_seconds,
+                    dropped,
+                    owner,
+                )
+            )
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+
+    @classmethod
+    def snapshots(cls, session_id: str | None = None, *, root: Sandloop | None = None) -> builtins.list[SnapshotRecord]:
+        """The snapshots on this host (of one session when ``session_id`` is given)."""
+        from sandloop.root import default_root
+
+        return (root or default_root()).snapshots.list(session_id)
+
+    @classmethod
+    def delete_snapshot(cls, snapshot_id: str, *, root: Sandloop | None = None) -> None:
+        from sandloop.root import default_root
+
+        store = (root or default_root()).snapshots
+        store.get(snapshot_id)  # SnapshotNotFound
+        store.delete(snapshot_id)
+
+    def fork(self, count: int = 1) -> builtins.list[Session]:
+        """``count`` new sessions, each starting as this one is now, with its own copy of the
+        workspace (and of the memory, where it is kept): what one changes, no other sees."""
+        validate_count(count)
+        snap = self.snapshot(name=f"fork of {self.id}")
+        try:
+            return [Session.from_snapshot(snap.id, root=self._root) for _ in range(count)]
+        finally:
+            self._root.snapshots.delete(snap.id)
+
+    @classmethod
+    def from_snapshot(
+        cls, snapshot: str | SnapshotRecord, *, ttl: float | None = None, root: Sandloop | None = None
+    ) -> Session:
+        """A new session started from a snapshot (its workspace a copy of the snapshot's)."""
+        from sandloop.root import default_root
+
+        root = root or default_root()
+        snap = root.snapshots.get(snapshot.id if isinstance(snapshot, SnapshotRecord) else snapshot)
+        record = root.sessions.create(
+            ttl_seconds=float(ttl if ttl is not None else snap.ttl_seconds),
+            quota_bytes=snap.quota_bytes,
+            image=snap.image,
+            limits=snap.limits,
+            owner_uid_gid=snap.owner_uid_gid,
+        )
+        session = cls(root=root, _record=record)
+        session._created_here = True
+        try:
+            on_host = root.backend.workspace_on_host(record.id, record.workspace)
+            if on_host is None:
+                raise SandboxError("this backend keeps workspaces on other hosts: snapshots are not supported on it")
+            directory = root.snapshots.dir(snap.id)
+            copy_files(directory / "files", on_host)
+            with session._kernel.locked():
+                session._bring_back(directory, snap.kind)
+        except BaseException:
+            session.delete()
+            raise
+        return session
+
+    def _keep(self, directory: Path, *, keep_running: bool) -> tuple[str, builtins.list[str]]:
+        """Write what the session has into ``directory``: its memory or state, and (for a
+        snapshot, ``keep_running``) a copy of its workspace's files. Under the kernel's lock."""
+        on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
+        if on_host is None:
+            raise SandboxError("this backend keeps workspaces on other hosts: pause and snapshots are not supported")
+        kernel = self._kernel.running()
+        dropped: builtins.list[str] = []
+        memory = memory_backend(self._root.backend)
+        if kernel is None:
+            kind = "files"
+        elif memory is not None and memory.checkpoint_problem(kernel) is None:
+            memory.checkpoint(kernel, directory / "memory")
+            self._kernel.forget()
+            kind = "memory"
+        else:
+            dropped = self._save_state(directory / "state.pkl", on_host)
+            kind = "state"
+            if not keep_running:
+                self._kernel.shutdown()
+        if keep_running:
+            copy_files(on_host, directory / "files")
+            if kind == "memory":
+                self._bring_back(directory, "memory")
+        return kind, dropped
+
+    def _save_state(self, dest: Path, on_host: Path) -> builtins.list[str]:
+        result = self._kernel.run(SAVE_STATE % f"{WORKSPACE}/{STATE_FILE}", 120, self.limits)
+        produced = on_host / STATE_FILE
+        try:
+            if result.error is not None or not produced.is_file():
+                why = result.error or result.stderr[-500:] or "no state file"
+                raise SandboxError(f"could not save the session's Python state: {why}")
+            shutil.move(produced, dest)
+        finally:
+            produced.unlink(missing_ok=True)
+        dropped: builtins.list[str] = json.loads(result.stdout.strip().splitlines()[-1])
+        return dropped
+
+    def _bring_back(self, directory: Path, kind: str) -> None:
+        """Start this session's interpreter from what ``_keep`` wrote (under the kernel's lock)."""
+        if kind == "memory":
+            memory = memory_backend(self._root.backend)
+            if memory is None:
+                raise SandboxError("this backend cannot restore a memory snapshot")
+            self._kernel.adopt(
+                memory.restore(self._spec(kernel=True), directory / "memory", lifetime_seconds=self._record.ttl_seconds)
+            )
+        elif kind == "state":
+            on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
+            if on_host is None:
+                raise SandboxError("this backend keeps workspaces on other hosts")
+            shutil.copy2(directory / "state.pkl", on_host / STATE_FILE)
+            os.chown(on_host / STATE_FILE, *(int(x) for x in self._record_owner().split(":")))
+        else:
+            return
+        cell = LOAD_STATE % f"{WORKSPACE}/{STATE_FILE}" if kind == "state" else "None"
+        result = self._kernel.run(cell, 120, self.limits)  # the first cell: the interpreter is back
+        if result.error is not None or result.interpreter_restarted:
+            raise SandboxError(f"the session's interpreter did not come back: {result.error or result.stderr[-500:]}")
+
+    def _record_owner(self) -> str:
+        user = str(self.limits.user)
+        return user if ":" in user else f"{user}:{user}"
+
+    def _recover(self) -> None:
+        """A pause cut short by a killed process: promote a whole memory checkpoint whose
+        interpreter is gone (else the session would lose it), drop anything else half-made."""
+        staged = self._home / f".{PAUSED}"
+        if not staged.exists():
+            return
+        if (staged / "memory" / "facts.json").is_file() and self._kernel.running() is None:
+            (staged / "kind").write_text("memory")
+            os.rename(staged, self._home / PAUSED)
+        else:
+            shutil.rmtree(staged, ignore_errors=True)
+        if self.paused and self._kernel.running() is not None:  # a resume that got this far
+            shutil.rmtree(self._home / PAUSED, ignore_errors=True)
 
     # -- end ---------------------------------------------------------------------------------------
     def close(self) -> None:

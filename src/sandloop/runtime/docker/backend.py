@@ -71,6 +71,11 @@ class LiveSandbox:
     collector: protocol.Collector | None = None
     #: Its key with the egress proxy, when it has an allowlist.
     egress: str | None = None
+    #: Interrupts its cell (SIGINT to its PID 1); None: through the engine. A sandbox the engine
+    #: does not know (a direct session interpreter, ``runtime/oci/kernels.py``) brings its own,
+    #: with its memory cgroup's path below the controller's root.
+    interrupt: Callable[[], None] | None = None
+    cgroup: str = ""
 
     @property
     def sock(self) -> socket.socket:
@@ -356,7 +361,8 @@ class DockerBackend:
     ) -> CellResult:
         started = time.monotonic()
         seen_before = self.egress.attempt_count(kernel.egress) if kernel.egress else 0
-        oom_before = memory_oom_kills(f"docker/{kernel.id}")
+        cgroup = kernel.cgroup or f"docker/{kernel.id}"
+        oom_before = memory_oom_kills(cgroup)
         try:
             kernel.sock.sendall(protocol.encode_cell(code, nonce, env=env, ca_pem=ca_pem, options=options))
         except OSError as exc:
@@ -372,13 +378,16 @@ class DockerBackend:
                 collector,
                 interrupt_after=interrupt_after,
                 grace=grace,
-                interrupt=lambda: self.api.kill(kernel.id, signal="SIGINT"),
+                interrupt=kernel.interrupt or (lambda: self.api.kill(kernel.id, signal="SIGINT")),
                 cancel=cancel,
             )
         oom = False
         if gone and not timed_out:
-            with contextlib.suppress(Exception):
-                oom = bool(self.api.inspect_container(kernel.id).get("State", {}).get("OOMKilled"))
+            if kernel.cgroup:
+                oom = memory_oom_kills(cgroup) > oom_before
+            else:
+                with contextlib.suppress(Exception):
+                    oom = bool(self.api.inspect_container(kernel.id).get("State", {}).get("OOMKilled"))
         result = protocol.cell_result(
             collector,
             limits=limits,
@@ -391,7 +400,7 @@ class DockerBackend:
         # one context was killed and replaced (kernel.py): by the memory limit if the container's
         # memory cgroup counted an OOM kill during the cell
         context_killed = result.interpreter_restarted and not result.sandbox_replaced and result.exit_code == 137
-        if context_killed and memory_oom_kills(f"docker/{kernel.id}") > oom_before:
+        if context_killed and memory_oom_kills(cgroup) > oom_before:
             result = result.model_copy(update={"oom_killed": True})
         if kernel.egress is not None:  # what this cell tried (as seen by this process)
             cell_attempts = self.egress.attempts(kernel.egress, settle=0.1)[seen_before:]

@@ -54,6 +54,7 @@ from sandloop.runtime.docker import DockerBackend, LiveSandbox
 from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
 from sandloop.runtime.oci import bwrap
 from sandloop.runtime.oci.config import Templates, binds_host_tmp, docker_bundle_config, parity_problems, render
+from sandloop.runtime.oci.kernels import DirectKernel, DirectKernels, is_kernel_spec
 from sandloop.runtime.oci.store import RootfsStore
 from sandloop.runtime.oci.stream import PipeChannel
 from sandloop.runtime.tmpfs import mount_host_tmpfs, unmount_host_tmpfs
@@ -143,6 +144,8 @@ class OCIBackend:
         self._store_full_said = -1e9  # when the store's full disk was last logged
         self.store = RootfsStore(store / "images", lambda: self.docker.api)
         self.templates = Templates(store / "templates", self._capture, self._salt)
+        self.kernels = DirectKernels(self)
+        self.cgroup_parent = CGROUP_PARENT
         self._problem: str | None = None
         self._checked = False
         self._check_lock = threading.Lock()
@@ -272,7 +275,9 @@ class OCIBackend:
         if spec.limits.egress:
             return "egress allowlists run through Docker"
         if spec.volumes or spec.command:
-            return "sessions run through Docker"
+            if not (is_kernel_spec(spec) and spec.limits.runtime == "runsc"):
+                return "sessions' runs, and interpreters on runc, run through Docker"
+            spec = replace(spec, volumes=())  # bound here as Docker binds them (kernels.py)
         key = replace(spec, labels=())
         if key not in self._spec_problems:
             self._spec_problems[key] = "; ".join(parity_problems(self.templates.get(spec)))
@@ -333,6 +338,8 @@ class OCIBackend:
     def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> DirectSandbox | LiveSandbox:
         if not self._direct(spec):
             return self.docker.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
+        if is_kernel_spec(spec):
+            return self.kernels.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
         try:
             rootfs = self.store.rootfs(spec.image)
         except HostDiskFull as exc:  # the store's disk is full: Docker's own may not be
@@ -356,7 +363,7 @@ class OCIBackend:
         config = render(
             template,
             rootfs=rootfs,
-            hostname_file=self._hostname_file(),
+            hostname_file=self.hostname_file(),
             cgroups_path=f"/{CGROUP_PARENT}/{sandbox_id}",
             annotations=labels,
             host_tmp=host_tmp,
@@ -395,7 +402,7 @@ class OCIBackend:
         ]
         if runtime == "runsc":
             try:
-                self._own_memory_cgroup(sandbox_id, config)
+                self.own_memory_cgroup(sandbox_id, config)
             except BaseException:
                 _remove_tree(bundle)
                 raise
@@ -405,6 +412,11 @@ class OCIBackend:
             return subprocess.Popen(argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], start_new_session=True)
 
         return self._start_on_pipes(start, sandbox_id, spec, runtime, bundle)
+
+    def runtime_argv(self, runtime: str) -> list[str]:
+        """How to call ``runtime`` (its path and the arguments the engine registered it with)."""
+        self.host_problem()  # knows the runtimes' paths
+        return list(self._runtimes.get(runtime, [runtime]))
 
     def runc_starter(self) -> str:
         """What starts runc-class sandboxes here, in words (``sandloop doctor``)."""
@@ -433,7 +445,7 @@ class OCIBackend:
                 bwrap=bwrap_path,
                 rootfs=rootfs,
                 bundle=bundle,
-                hostname_file=self._hostname_file(),
+                hostname_file=self.hostname_file(),
                 cgroup_parent=CGROUP_PARENT,
                 sandbox_id=sandbox_id,
                 stdio=stdio,
@@ -492,7 +504,7 @@ class OCIBackend:
                 self._prefetch(self.store.rootfs(image), wait=wait, force=force)
 
     @staticmethod
-    def _own_memory_cgroup(sandbox_id: str, config: dict[str, Any]) -> None:
+    def own_memory_cgroup(sandbox_id: str, config: dict[str, Any]) -> None:
         """runsc, unlike runc, has no ``--keep``: it removes the cgroups it made when the sandbox
         exits, and with them the ``oom_kill`` counter. So the memory cgroup is made here, with the
         limits of Docker's config, before runsc starts: runsc joins a cgroup that exists without
@@ -624,7 +636,31 @@ class OCIBackend:
         )
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> LiveSandbox | None:
+        if self.host_problem() is None:
+            found = self.kernels.find(session_id, spec)
+            if found is not None:
+                return found
         return self.docker.find_kernel(session_id, spec)
+
+    # -- memory snapshots (kernels.py) ---------------------------------------------------------
+    def checkpoint_problem(self, kernel: DirectSandbox | LiveSandbox) -> str | None:
+        """Why this interpreter's memory cannot be checkpointed (None: it can)."""
+        if isinstance(kernel, DirectKernel):
+            return None
+        if kernel.spec.limits.runtime != "runsc":
+            return (
+                "runc keeps no memory here (CRIU 3.17, the only one Debian 12 has, fails `criu check` on this "
+                "kernel): only gVisor (runtime='runsc') sessions keep their memory"
+            )
+        return f"this interpreter runs through Docker ({self.why_not_direct(kernel.spec)})"
+
+    def checkpoint(self, kernel: DirectSandbox | LiveSandbox, directory: Path) -> int:
+        if not isinstance(kernel, DirectKernel):
+            raise SandboxError(self.checkpoint_problem(kernel) or "not a direct interpreter")
+        return self.kernels.checkpoint(kernel, directory)
+
+    def restore(self, spec: SandboxSpec, directory: Path, *, lifetime_seconds: float) -> LiveSandbox:
+        return self.kernels.restore(spec, directory, lifetime_seconds=lifetime_seconds)
 
     def detach(self, sandbox: DirectSandbox | LiveSandbox) -> None:
         if isinstance(sandbox, LiveSandbox):
@@ -635,6 +671,9 @@ class OCIBackend:
     # -- teardown ----------------------------------------------------------------------------
     def destroy(self, sandbox: DirectSandbox | LiveSandbox) -> None:
         """Hand the sandbox to a teardown thread (kill, wait, delete state, remove bundle)."""
+        if isinstance(sandbox, DirectKernel):
+            self.kernels.destroy(sandbox)
+            return
         if isinstance(sandbox, LiveSandbox):
             self.docker.destroy(sandbox)
             return
@@ -701,6 +740,10 @@ class OCIBackend:
         _remove_tree(sandbox.bundle)
         return True
 
+    def delete_direct(self, sandbox_id: str, runtime: str) -> None:
+        """Remove a direct sandbox by id: its processes, runtime state, cgroups and bundle."""
+        self._delete(sandbox_id, runtime)
+
     def _delete(self, sandbox_id: str, runtime: str) -> None:
         if runtime == BWRAP:  # no runtime state: its processes (by its pid file), cgroups, bundle
             self._kill_pid_file(self.state / "bundles" / sandbox_id, sandbox_id)
@@ -716,8 +759,14 @@ class OCIBackend:
                 timeout=30,
             )
         for directory in _cgroup_dirs(sandbox_id):  # runc removes them; this is for a crash
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+            for _ in range(100):  # (and runsc's memory cgroup: its last processes may be exiting)
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
         _remove_tree(self.state / "bundles" / sandbox_id)
 
     def drain(self, timeout: float) -> bool:
@@ -732,7 +781,7 @@ class OCIBackend:
         return True
 
     @functools.cache  # noqa: B019 - one per backend, lives as long as it
-    def _hostname_file(self) -> Path:
+    def hostname_file(self) -> Path:
         path = self.state / "hostname"
         if not path.is_file():
             self.state.mkdir(parents=True, exist_ok=True)
@@ -756,6 +805,10 @@ class OCIBackend:
         return self.docker.workspace_on_host(session_id, ref)
 
     # -- housekeeping --------------------------------------------------------------------------
+    def direct_bundles(self) -> list[Owned]:
+        """The direct sandboxes (and session interpreters) on this host, with their labels."""
+        return self._bundles()
+
     def _bundles(self) -> list[Owned]:
         out: list[Owned] = []
         directory = self.state / "bundles"

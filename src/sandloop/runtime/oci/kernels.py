@@ -1,0 +1,265 @@
+"""Session interpreters that runsc starts directly, and their memory checkpoints (issue 25).
+
+A session's interpreter on gVisor is started here rather than through Docker when the direct
+backend runs that spec's shape: Docker's own config for the spec (captured once, ``config.py``),
+with the session's workspace bound at its mount points, runsc under ``shim.py`` (which holds the
+interpreter's stdio so it outlives the process that started it, and serves it on a Unix socket in
+the bundle in Docker's attach framing), so the cells travel exactly as they do to Docker's
+containers (``DockerBackend.run_cell`` over a ``SocketChannel``).
+
+Owning the runsc root is what makes memory snapshots possible: ``checkpoint`` writes the
+sandbox's whole state (every process, its memory, open files, sockets) to a directory with
+``runsc checkpoint`` (the sandbox stops: this runsc's ``--leave-running`` kills the container) and
+keeps beside it what lives outside the sandbox: the host tmpfs that is its ``/tmp`` (gVisor reopens
+host files by path on restore) and the facts a restore must match (runsc's version, the image,
+the CPU). ``restore`` starts a new sandbox from such a directory, under a new id, with the
+workspace of whichever session it now belongs to bound at the same container paths: a session
+resumed, or a fork with its own copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandloop.contract import SandboxError, SnapshotIncompatible
+from sandloop.paths import tree_size
+from sandloop.runtime.base import SandboxSpec
+from sandloop.runtime.docker import LiveSandbox
+from sandloop.runtime.docker.stream import SocketChannel
+from sandloop.runtime.docker.workspace import volume_name
+from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL, owner_labels
+from sandloop.runtime.oci.config import render
+from sandloop.runtime.tmpfs import mount_host_tmpfs
+
+if TYPE_CHECKING:
+    from sandloop.runtime.oci.backend import OCIBackend
+
+SHIM = str(Path(__file__).with_name("shim.py"))
+SOCKET = "attach.sock"
+#: Where a checkpoint keeps the sandbox's memory image (runsc's files), its /tmp and its facts.
+IMAGE, TMP, FACTS = "image", "tmp", "facts.json"
+
+
+@dataclass(eq=False)
+class DirectKernel(LiveSandbox):
+    """A session interpreter runsc started directly (its bundle holds its config and socket)."""
+
+    bundle: Path = Path()
+
+
+def is_kernel_spec(spec: SandboxSpec) -> bool:
+    return bool(spec.command) and spec.command[0] == "--kernel"
+
+
+def host_facts(image_id: str) -> dict[str, str]:
+    """What a memory image is only valid with: the runsc that wrote it, the image its root file
+    system came from, and the CPU (a restored program may use every instruction the old one had)."""
+    version = subprocess.run(["runsc", "--version"], capture_output=True, text=True, check=False).stdout
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                cpu += line.split(":", 1)[1].strip() + "\n"
+            if line.strip() == "":
+                break
+    return {
+        "runsc": version.splitlines()[0] if version else "",
+        "image": image_id,
+        "cpu": hashlib.sha256(cpu.encode()).hexdigest()[:16],
+    }
+
+
+class DirectKernels:
+    """The direct backend's session interpreters (see the module docstring)."""
+
+    def __init__(self, backend: OCIBackend) -> None:
+        self.backend = backend
+
+    @property
+    def _root(self) -> Path:
+        return self.backend.state / "runtime" / "runsc"
+
+    def _runsc(self, *args: str) -> list[str]:
+        return [*self.backend.runtime_argv("runsc"), "--root", str(self._root), *args]
+
+    def _workspace_dir(self, volume: str) -> Path:
+        """The host directory behind a session's workspace volume (its loop mount)."""
+        prefix = volume_name("")
+        if not volume.startswith(prefix):
+            raise SandboxError(f"{volume} is not a session workspace")
+        session_id = volume[len(prefix) :]
+        from sandloop.runtime.base import WorkspaceRef
+
+        found = self.backend.workspace_on_host(session_id, WorkspaceRef(volume, True))
+        if found is None:
+            raise SandboxError(f"the workspace of session {session_id} is not mounted on this host")
+        return found
+
+    # -- start ---------------------------------------------------------------------------------
+    def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> DirectKernel:
+        return self._start(spec, purpose, lifetime_seconds, None)
+
+    def restore(self, spec: SandboxSpec, directory: Path, *, lifetime_seconds: float) -> DirectKernel:
+        """A new interpreter from ``checkpoint``'s directory, with ``spec``'s workspace.
+
+        Raises:
+            SnapshotIncompatible: the image was made by another runsc, from another image, or
+                on another CPU.
+        """
+        try:
+            facts = json.loads((directory / FACTS).read_text())
+        except (OSError, ValueError) as exc:
+            raise SnapshotIncompatible(f"the memory snapshot in {directory} is incomplete ({exc})") from None
+        here = host_facts(self.backend.store.image_id(spec.image))
+        for key, what in (("runsc", "runsc version"), ("image", "image"), ("cpu", "CPU")):
+            if facts.get(key) != here[key]:
+                raise SnapshotIncompatible(
+                    f"this memory snapshot was made with another {what} ({facts.get(key)!r}, here {here[key]!r}): "
+                    "it cannot be restored on this host; resume it where it was made, or start a new session"
+                )
+        return self._start(spec, "kernel", lifetime_seconds, directory)
+
+    def _start(self, spec: SandboxSpec, purpose: str, lifetime_seconds: float, image: Path | None) -> DirectKernel:
+        backend = self.backend
+        rootfs = backend.store.rootfs(spec.image)
+        template = backend.templates.get(replace(spec, volumes=()))
+        sandbox_id = f"sandloop-{uuid.uuid4().hex[:20]}"
+        labels = {**owner_labels(purpose, lifetime_seconds), **dict(spec.labels), f"{LABEL_PREFIX}oci.runtime": "runsc"}
+        bundles = backend.state / "bundles"
+        bundle = bundles / sandbox_id
+        config = render(
+            template,
+            rootfs=rootfs,
+            hostname_file=backend.hostname_file(),
+            cgroups_path=f"/{backend.cgroup_parent}/{sandbox_id}",
+            annotations=labels,
+            host_tmp=bundle / "tmp",
+        )
+        for volume, destination in spec.volumes:  # as Docker binds a named volume
+            source = self._workspace_dir(volume)
+            config["mounts"].append(
+                {"destination": destination, "type": "bind", "source": str(source), "options": ["rbind", "rprivate"]}
+            )
+        bundles.mkdir(parents=True, exist_ok=True)
+        tmp = bundles / f".{sandbox_id}"
+        tmp.mkdir(mode=0o700)
+        (tmp / "config.json").write_text(json.dumps(config))
+        tmp.rename(bundle)
+        listener: socket.socket | None = None
+        try:
+            mount_host_tmpfs(bundle / "tmp", spec.limits)
+            if image is not None and (image / TMP).is_dir():  # the /tmp it had, file for file
+                subprocess.run(["cp", "-a", f"{image / TMP}/.", str(bundle / "tmp")], check=True, capture_output=True)
+            backend.own_memory_cgroup(sandbox_id, config)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(bundle / SOCKET))
+            os.chmod(bundle / SOCKET, 0o600)
+            listener.listen(16)
+            verb = ["run"] if image is None else ["restore", "--image-path", str(image / IMAGE)]
+            argv = self._runsc(*verb, "--bundle", str(bundle), "--pid-file", str(bundle / "pid"), sandbox_id)
+            log_file = open(bundle / "shim.log", "wb")  # noqa: SIM115 - handed to the holder
+            with log_file:
+                subprocess.run(
+                    [sys.executable, "-S", "-E", SHIM, str(listener.fileno()), *argv],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=log_file,
+                    pass_fds=(listener.fileno(),),
+                    check=True,
+                    timeout=30,
+                )
+            listener.close()
+            listener = None
+            return self._connect(sandbox_id, bundle, spec)
+        except BaseException as exc:
+            if listener is not None:
+                listener.close()
+            self.backend.delete_direct(sandbox_id, "runsc")
+            if isinstance(exc, subprocess.CalledProcessError | OSError):
+                raise SandboxError(f"could not start the session's interpreter under runsc: {exc}") from exc
+            raise
+
+    def _connect(self, sandbox_id: str, bundle: Path, spec: SandboxSpec) -> DirectKernel:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(bundle / SOCKET))
+        except OSError:
+            sock.close()
+            raise
+        return DirectKernel(
+            sandbox_id,
+            SocketChannel(sock),
+            spec,
+            time.monotonic(),
+            interrupt=lambda: self._signal(sandbox_id, "2"),
+            cgroup=f"{self.backend.cgroup_parent}/{sandbox_id}",
+            bundle=bundle,
+        )
+
+    def _signal(self, sandbox_id: str, signal: str) -> None:
+        subprocess.run(self._runsc("kill", sandbox_id, signal), capture_output=True, timeout=30, check=False)
+
+    # -- find, stop ----------------------------------------------------------------------------
+    def find(self, session_id: str, spec: SandboxSpec) -> DirectKernel | None:
+        """This session's running interpreter, connected (from any process on this host)."""
+        for item in self.backend.direct_bundles():
+            labels = item.labels
+            if labels.get(SESSION_LABEL) != session_id or labels.get(f"{LABEL_PREFIX}purpose") != "kernel":
+                continue
+            bundle = self.backend.state / "bundles" / item.id
+            try:
+                return self._connect(item.id, bundle, spec)
+            except OSError:  # its holder is gone: so is the interpreter
+                self.backend.delete_direct(item.id, "runsc")
+        return None
+
+    def destroy(self, kernel: DirectKernel) -> None:
+        kernel.channel.close()
+        self.backend.delete_direct(kernel.id, "runsc")
+
+    # -- memory --------------------------------------------------------------------------------
+    def checkpoint(self, kernel: DirectKernel, directory: Path) -> int:
+        """Write the interpreter's whole state to ``directory`` (made here); the sandbox stops and
+        is removed. Its size in bytes.
+
+        Raises:
+            SandboxError: runsc could not checkpoint it (the interpreter still runs).
+        """
+        directory.mkdir(parents=True, exist_ok=False, mode=0o700)
+        (directory / IMAGE).mkdir(mode=0o700)
+        image_id = self.backend.store.image_id(kernel.spec.image)
+        proc = subprocess.run(
+            self._runsc("checkpoint", "--image-path", str(directory / IMAGE), kernel.id),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if proc.returncode != 0:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise SandboxError(f"runsc could not checkpoint the interpreter: {proc.stderr.strip()[-500:]}")
+        kernel.channel.close()
+        copied = subprocess.run(
+            ["cp", "-a", str(kernel.bundle / "tmp"), str(directory / TMP)], capture_output=True, text=True, check=False
+        )
+        self.backend.delete_direct(kernel.id, "runsc")
+        if copied.returncode != 0:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise SandboxError(f"could not keep the interpreter's /tmp: {copied.stderr.strip()}")
+        (directory / FACTS).write_text(json.dumps(host_facts(image_id)))
+        return tree_size(directory)
+
+
+__all__ = ["DirectKernel", "DirectKernels", "host_facts", "is_kernel_spec"]

@@ -1,0 +1,136 @@
+"""The holder of one direct session interpreter: ``python -S -E shim.py FD RUNTIME ARGS...``, where
+FD is a listening Unix socket it serves the interpreter on.
+
+A session's interpreter outlives the process that started it (the CLI's ``session create`` exits,
+the next ``session exec`` attaches), so its stdio cannot be that process's pipes. Like Docker's
+containerd-shim, this process holds them: it detaches (forks; the caller's child exits at once),
+makes itself the child subreaper (runsc leaves its sandbox and gofer processes to whoever adopts
+orphans, see ``subreaper.py``), starts the runtime (``runsc run`` or ``runsc restore``) on three
+pipes, and relays them to whoever connects to the socket, in Docker's attach framing (8-byte
+header: stream 1 or 2, three zero bytes, big-endian length), so ``SocketChannel`` reads it as it
+reads Docker's. Bytes a client sends go to the interpreter's stdin; output goes to every client
+connected (none: dropped, as Docker drops an unattached container's output). The interpreter's
+stdin stays open while this process lives, so the launcher never sees EOF: the interpreter ends
+when the runtime's sandbox does (killed, deleted, or checkpointed); then this process closes every
+connection, reaps what is left, and exits.
+"""
+
+import ctypes
+import os
+import select
+import socket
+import struct
+import sys
+
+PR_SET_CHILD_SUBREAPER = 36
+#: Bytes of clients' input held for the interpreter's stdin before clients are read no further.
+MAX_PENDING_INPUT = 64 * 1024 * 1024
+
+
+def _frame(stream: int, data: bytes) -> bytes:
+    return struct.pack(">BxxxL", stream, len(data)) + data
+
+
+def main() -> int:
+    if os.fork():  # the caller waits for this one: it exits at once, the holder lives on
+        os._exit(0)
+    os.setsid()
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        return 125
+    listener_fd = int(sys.argv[1])
+    argv = sys.argv[2:]
+    listener = socket.socket(fileno=listener_fd)
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    actions = [
+        (os.POSIX_SPAWN_DUP2, in_r, 0),
+        (os.POSIX_SPAWN_DUP2, out_w, 1),
+        (os.POSIX_SPAWN_DUP2, err_w, 2),
+        (os.POSIX_SPAWN_CLOSE, listener_fd),
+    ]
+    child = os.posix_spawn(argv[0], argv, dict(os.environ), file_actions=actions)
+    for fd in (in_r, out_w, err_w):
+        os.close(fd)
+    os.set_blocking(in_w, False)
+    outputs = {out_r: 1, err_r: 2}
+    clients: list[socket.socket] = []
+    pending = bytearray()
+    code = 125
+    child_running = True
+    while outputs or child_running:
+        if child_running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = 0, 0
+                child_running = False
+            if pid == child:
+                code = os.waitstatus_to_exitcode(status)
+                code = 128 - code if code < 0 else code
+                child_running = False
+        readers: list[socket.socket | int] = [listener, *outputs]
+        if len(pending) < MAX_PENDING_INPUT:
+            readers += clients
+        writers = [in_w] if pending and in_w >= 0 else []
+        try:
+            readable, writable, _ = select.select(readers, writers, [], 0.5)
+        except InterruptedError:
+            continue
+        if writable:
+            try:
+                del pending[: os.write(in_w, pending)]
+            except BlockingIOError:
+                pass
+            except OSError:  # the interpreter closed its stdin: what clients send goes nowhere
+                os.close(in_w)
+                in_w = -1
+                pending.clear()
+        for r in readable:
+            if r is listener:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    continue
+                conn.settimeout(30)  # a client that stops reading is dropped, not waited for
+                clients.append(conn)
+            elif isinstance(r, int):
+                try:
+                    data = os.read(r, 256 * 1024)
+                except OSError:
+                    data = b""
+                if not data:
+                    del outputs[r]
+                    os.close(r)
+                    continue
+                frame = _frame(outputs[r], data)
+                for conn in list(clients):
+                    try:
+                        conn.sendall(frame)
+                    except OSError:
+                        clients.remove(conn)
+                        conn.close()
+            else:
+                try:
+                    data = r.recv(256 * 1024)
+                except OSError:
+                    data = b""
+                if not data:
+                    clients.remove(r)
+                    r.close()
+                elif in_w >= 0:
+                    pending += data
+    for conn in clients:
+        conn.close()
+    listener.close()
+    while True:  # the sandbox's and gofer's processes runsc left to us
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return code
+        except InterruptedError:
+            continue
+
+
+if __name__ == "__main__":
+    sys.exit(main())

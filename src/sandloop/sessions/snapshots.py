@@ -1,0 +1,230 @@
+"""Pause, resume, snapshot and fork a session (issue 25).
+
+What a snapshot keeps, by kind (it always says which; it never pretends):
+
+- ``memory``: the interpreter's whole state, through the backend's checkpoint
+  (``MemorySnapshots``: runsc on the direct backend): variables, imports, background processes
+  with their pids, open files, sockets, ``/tmp``; and the workspace's files.
+- ``state``: where memory cannot be kept (runc: this host's CRIU cannot checkpoint), the default
+  Python context's globals that pickle (modules by name), with the names that did not listed in
+  ``dropped``; and the workspace's files. Processes, open files and other contexts are not kept.
+- ``files``: the session had no interpreter running: the workspace's files only.
+
+Layout on this host (``<home>``: sandloop's home)::
+
+    sessions/<id>/paused/        a paused session's state (its workspace stays where it is)
+    snapshots/<snap-id>/         snapshot.json, files/ (the workspace), memory/ or state.pkl
+
+Each is written under a dot-name and renamed into place when whole, so a process killed part-way
+leaves the session running (or paused) as it was, never neither; the leftovers are swept.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandloop.contract import InvalidArgument, SandboxError, SnapshotNotFound
+from sandloop.paths import tree_size
+from sandloop.runtime.base import MemorySnapshots
+
+KINDS = ("memory", "state", "files")
+PAUSED = "paused"
+#: In the workspace for the moment a ``state`` save or load crosses the sandbox's boundary.
+STATE_FILE = ".sandloop-state.pkl"
+
+#: Runs in the session's default Python context: pickles each global it can (modules by name), one
+#: by one, to the workspace file; prints the names it could not keep. Leaves no name behind.
+SAVE_STATE = """
+def _sandloop_save(path):
+    import json, pickle, types
+    kept, dropped = {}, []
+    for name, value in list(globals().items()):
+        if name.startswith('_') or name in ('In', 'Out', 'exit', 'quit', 'get_ipython', 'display', 'open'):
+            continue
+        if isinstance(value, types.ModuleType):
+            kept[name] = ('module', value.__name__)
+            continue
+        try:
+            kept[name] = ('value', pickle.dumps(value))
+        except Exception:
+            dropped.append(name)
+    with open(path, 'wb') as f:
+        pickle.dump(kept, f)
+    print(json.dumps(sorted(dropped)))
+_sandloop_save(%r)
+del _sandloop_save
+"""
+
+LOAD_STATE = """
+def _sandloop_load(path):
+    import importlib, json, os, pickle
+    with open(path, 'rb') as f:
+        kept = pickle.load(f)
+    os.unlink(path)
+    failed = []
+    for name, (kind, value) in kept.items():
+        try:
+            globals()[name] = importlib.import_module(value) if kind == 'module' else pickle.loads(value)
+        except Exception:
+            failed.append(name)
+    print(json.dumps(sorted(failed)))
+_sandloop_load(%r)
+del _sandloop_load
+"""
+
+
+@dataclass
+class SnapshotRecord:
+    id: str
+    session_id: str
+    name: str
+    kind: str
+    created: float
+    size_bytes: int
+    image: str
+    limits: dict[str, Any]
+    quota_bytes: int
+    owner_uid_gid: str
+    ttl_seconds: float
+    #: Globals a ``state`` snapshot could not keep.
+    dropped: list[str] = field(default_factory=list)
+    #: Who made it (the HTTP API's token), for listing and quotas.
+    owner: str = ""
+
+
+def new_snapshot_id() -> str:
+    return "snap-" + secrets.token_hex(6)
+
+
+def check_snapshot_id(snapshot_id: str) -> str:
+    if not isinstance(snapshot_id, str) or not snapshot_id.startswith("snap-") or not snapshot_id[5:].isalnum():
+        raise SnapshotNotFound(f"{snapshot_id!r} is not a snapshot id (they look like snap-1a2b3c4d5e6f)")
+    return snapshot_id
+
+
+class SnapshotStore:
+    """Snapshot records and their files under ``<home>/snapshots``."""
+
+    def __init__(self, home: Path) -> None:
+        self.root = home / "snapshots"
+
+    def dir(self, snapshot_id: str) -> Path:
+        return self.root / check_snapshot_id(snapshot_id)
+
+    def staging(self, snapshot_id: str) -> Path:
+        """Where a snapshot is written before it is whole (renamed by ``commit``)."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return self.root / f".{snapshot_id}"
+
+    def commit(self, record: SnapshotRecord) -> SnapshotRecord:
+        staged = self.staging(record.id)
+        record.size_bytes = tree_size(staged)
+        (staged / "snapshot.json").write_text(json.dumps(asdict(record)))
+        os.rename(staged, self.dir(record.id))
+        return record
+
+    def get(self, snapshot_id: str) -> SnapshotRecord:
+        try:
+            data = json.loads((self.dir(snapshot_id) / "snapshot.json").read_text())
+        except (OSError, ValueError):
+            raise SnapshotNotFound(f"no snapshot {snapshot_id}: it was deleted, or never made") from None
+        return SnapshotRecord(**data)
+
+    def list(self, session_id: str | None = None) -> builtins.list[SnapshotRecord]:
+        out = []
+        if self.root.is_dir():
+            for d in sorted(self.root.iterdir()):
+                if d.name.startswith("."):
+                    continue
+                with contextlib.suppress(SnapshotNotFound):
+                    record = self.get(d.name)
+                    if session_id is None or record.session_id == session_id:
+                        out.append(record)
+        return sorted(out, key=lambda r: r.created)
+
+    def delete(self, snapshot_id: str) -> None:
+        """Remove it. Idempotent."""
+        shutil.rmtree(self.dir(snapshot_id), ignore_errors=True)
+
+    def sweep(self, older_than: float = 3600) -> builtins.list[str]:
+        """Remove staging folders a killed process left (older than ``older_than`` seconds)."""
+        gone = []
+        if self.root.is_dir():
+            for d in self.root.iterdir():
+                with contextlib.suppress(OSError):
+                    if d.name.startswith(".") and time.time() - d.stat().st_mtime > older_than:
+                        shutil.rmtree(d, ignore_errors=True)
+                        gone.append(d.name)
+        return gone
+
+    def total_bytes(self, owner: str | None = None) -> int:
+        return sum(r.size_bytes for r in self.list() if owner is None or r.owner == owner)
+
+
+def memory_backend(backend: Any) -> MemorySnapshots | None:
+    return backend if isinstance(backend, MemorySnapshots) else None
+
+
+def copy_files(source: Path, dest: Path) -> None:
+    """The workspace's files, owners, modes and times kept (``dest`` made here)."""
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    proc = subprocess.run(["cp", "-a", f"{source}/.", str(dest)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SandboxError(f"could not copy the workspace's files: {proc.stderr.strip()[-500:]}")
+
+
+def paused_kind(session_dir: Path) -> str | None:
+    """The kind of the pause a session is in (None: it runs). The ``kind`` file is written last."""
+    try:
+        kind = (session_dir / PAUSED / "kind").read_text().strip()
+    except OSError:
+        return None
+    return kind if kind in KINDS else None
+
+
+def sweep_paused_staging(session_dir: Path) -> None:
+    """A pause cut short (its process killed) leaves the session running: drop its staging."""
+    staged = session_dir / f".{PAUSED}"
+    if staged.exists():
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def describe(record: SnapshotRecord) -> dict[str, Any]:
+    """A snapshot as the front ends show it."""
+    out = asdict(record)
+    out.pop("limits", None)
+    return out
+
+
+def validate_count(count: int) -> int:
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 16:
+        raise InvalidArgument(f"count must be a whole number from 1 to 16, got {count!r}")
+    return count
+
+
+__all__ = [
+    "KINDS",
+    "LOAD_STATE",
+    "PAUSED",
+    "SAVE_STATE",
+    "STATE_FILE",
+    "SnapshotRecord",
+    "SnapshotStore",
+    "copy_files",
+    "describe",
+    "memory_backend",
+    "new_snapshot_id",
+    "paused_kind",
+    "sweep_paused_staging",
+    "validate_count",
+]
