@@ -313,6 +313,11 @@ class MemorySnapshots(Protocol):
         """A new interpreter of ``spec`` (its workspace) from a checkpoint's directory."""
         ...
 
+    def checkpoint_whole(self, directory: Path) -> bool:
+        """Whether a checkpoint's directory is complete (waits for one still being written by a
+        process whose caller was killed)."""
+        ...
+
 
 class FullBackend(Backend[Any], Workspaces, Housekeeping, Protocol):
     """A backend that plays all three roles (every backend sandloop ships), whatever its handles."""

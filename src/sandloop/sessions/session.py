@@ -773,7 +773,9 @@ class Session:
         staged = self._home / f".{PAUSED}"
         if not staged.exists():
             return
-        if (staged / "memory" / "facts.json").is_file() and self._kernel.running() is None:
+        memory = memory_backend(self._root.backend)
+        whole = memory is not None and (staged / "memory").is_dir() and memory.checkpoint_whole(staged / "memory")
+        if whole and self._kernel.running() is None:
             (staged / "kind").write_text("memory")
             os.rename(staged, self._home / PAUSED)
         else:

@@ -54,7 +54,7 @@ from sandloop.runtime.docker import DockerBackend, LiveSandbox
 from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
 from sandloop.runtime.oci import bwrap
 from sandloop.runtime.oci.config import Templates, binds_host_tmp, docker_bundle_config, parity_problems, render
-from sandloop.runtime.oci.kernels import DirectKernel, DirectKernels, is_kernel_spec
+from sandloop.runtime.oci.kernels import DirectKernel, DirectKernels, checkpoint_whole, is_kernel_spec
 from sandloop.runtime.oci.store import RootfsStore
 from sandloop.runtime.oci.stream import PipeChannel
 from sandloop.runtime.tmpfs import mount_host_tmpfs, unmount_host_tmpfs
@@ -661,6 +661,10 @@ class OCIBackend:
 
     def restore(self, spec: SandboxSpec, directory: Path, *, lifetime_seconds: float) -> LiveSandbox:
         return self.kernels.restore(spec, directory, lifetime_seconds=lifetime_seconds)
+
+    @staticmethod
+    def checkpoint_whole(directory: Path) -> bool:
+        return checkpoint_whole(directory)
 
     def detach(self, sandbox: DirectSandbox | LiveSandbox) -> None:
         if isinstance(sandbox, LiveSandbox):

@@ -172,7 +172,7 @@ class DirectKernels:
             log_file = open(bundle / "shim.log", "wb")  # noqa: SIM115 - handed to the holder
             with log_file:
                 subprocess.run(
-                    [sys.executable, "-S", "-E", SHIM, str(listener.fileno()), *argv],
+                    [sys.executable, "-S", "-E", SHIM, str(listener.fileno()), str(bundle / "shim.pid"), *argv],
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=log_file,
@@ -227,39 +227,76 @@ class DirectKernels:
 
     def destroy(self, kernel: DirectKernel) -> None:
         kernel.channel.close()
+        self._remove(kernel)
+
+    def _remove(self, kernel: DirectKernel) -> None:
+        """Remove the sandbox, then wait for its holder to exit (it does once the sandbox is gone)."""
+        try:
+            pid = int((kernel.bundle / "shim.pid").read_text())
+        except (OSError, ValueError):
+            pid = 0
         self.backend.delete_direct(kernel.id, "runsc")
+        deadline = time.monotonic() + 30
+        while pid and _running(pid, SHIM) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     # -- memory --------------------------------------------------------------------------------
     def checkpoint(self, kernel: DirectKernel, directory: Path) -> int:
         """Write the interpreter's whole state to ``directory`` (made here); the sandbox stops and
         is removed. Its size in bytes.
 
+        The checkpoint, the copy of ``/tmp`` and the facts file (written last: it marks the
+        directory whole) run in a process of their own session, so one that kills this process
+        (a server's SIGKILL) does not cut them short: ``wait_for_checkpoint`` then waits for it.
+
         Raises:
             SandboxError: runsc could not checkpoint it (the interpreter still runs).
         """
         directory.mkdir(parents=True, exist_ok=False, mode=0o700)
         (directory / IMAGE).mkdir(mode=0o700)
-        image_id = self.backend.store.image_id(kernel.spec.image)
-        proc = subprocess.run(
-            self._runsc("checkpoint", "--image-path", str(directory / IMAGE), kernel.id),
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
+        (directory / f"{FACTS}.pending").write_text(
+            json.dumps(host_facts(self.backend.store.image_id(kernel.spec.image)))
         )
+        script = (
+            'set -e; "$@"; cp -a "$SANDLOOP_BUNDLE/tmp" "$SANDLOOP_DIR/tmp"; '
+            'mv "$SANDLOOP_DIR/{0}.pending" "$SANDLOOP_DIR/{0}"'
+        )
+        proc = subprocess.Popen(
+            ["sh", "-c", script.format(FACTS), "sandloop-checkpoint"]
+            + self._runsc("checkpoint", "--image-path", str(directory / IMAGE), kernel.id),
+            env={**os.environ, "SANDLOOP_BUNDLE": str(kernel.bundle), "SANDLOOP_DIR": str(directory)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        (directory / "checkpointer.pid").write_text(str(proc.pid))
+        _, stderr = proc.communicate(timeout=900)
+        kernel.channel.close()
         if proc.returncode != 0:
             shutil.rmtree(directory, ignore_errors=True)
-            raise SandboxError(f"runsc could not checkpoint the interpreter: {proc.stderr.strip()[-500:]}")
-        kernel.channel.close()
-        copied = subprocess.run(
-            ["cp", "-a", str(kernel.bundle / "tmp"), str(directory / TMP)], capture_output=True, text=True, check=False
-        )
-        self.backend.delete_direct(kernel.id, "runsc")
-        if copied.returncode != 0:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise SandboxError(f"could not keep the interpreter's /tmp: {copied.stderr.strip()}")
-        (directory / FACTS).write_text(json.dumps(host_facts(image_id)))
+            raise SandboxError(f"runsc could not checkpoint the interpreter: {stderr.strip()[-500:]}")
+        self._remove(kernel)
         return tree_size(directory)
 
 
-__all__ = ["DirectKernel", "DirectKernels", "host_facts", "is_kernel_spec"]
+def _running(pid: int, marker: str) -> bool:
+    """Whether process ``pid`` runs (not a zombie) with ``marker`` in its command line."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z" and marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, IndexError):
+        return False
+
+
+def checkpoint_whole(directory: Path) -> bool:
+    """Whether ``checkpoint`` finished writing ``directory``; first waits for a checkpoint still
+    being written there by a process whose caller was killed (its process lives on)."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int((directory / "checkpointer.pid").read_text())
+        while _running(pid, "sandloop-checkpoint"):
+            time.sleep(0.1)
+    return (directory / FACTS).is_file()
+
+
+__all__ = ["DirectKernel", "DirectKernels", "checkpoint_whole", "host_facts", "is_kernel_spec"]

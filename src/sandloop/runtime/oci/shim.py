@@ -1,5 +1,5 @@
-"""The holder of one direct session interpreter: ``python -S -E shim.py FD RUNTIME ARGS...``, where
-FD is a listening Unix socket it serves the interpreter on.
+"""The holder of one direct session interpreter: ``python -S -E shim.py FD PIDFILE RUNTIME ARGS...``,
+where FD is a listening Unix socket it serves the interpreter on and PIDFILE where it writes its pid.
 
 A session's interpreter outlives the process that started it (the CLI's ``session create`` exits,
 the next ``session exec`` attaches), so its stdio cannot be that process's pipes. Like Docker's
@@ -38,7 +38,9 @@ def main() -> int:
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         return 125
     listener_fd = int(sys.argv[1])
-    argv = sys.argv[2:]
+    with open(sys.argv[2], "w") as f:
+        f.write(str(os.getpid()))
+    argv = sys.argv[3:]
     listener = socket.socket(fileno=listener_fd)
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
