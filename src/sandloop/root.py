@@ -121,11 +121,11 @@ class Sandloop:
 
         return Session.create(limits, ttl, quota, root=self, template=template)
 
-    def attach_session(self, session_id: str) -> Session:
-        """A live session by id; ``with`` only detaches at the end."""
+    def attach_session(self, session_id: str, *, resume: bool = True) -> Session:
+        """A live session by id; ``with`` only detaches at the end (see ``Session.attach``)."""
         from sandloop.sessions.session import Session
 
-        return Session.attach(session_id, root=self)
+        return Session.attach(session_id, root=self, resume=resume)
 
     def list_sessions(self) -> list[SessionRecord]:
         return self.sessions.list()

@@ -375,12 +375,6 @@ def test_unsupported_options_say_so(server):
         PlainSandbox.create(allow_internet_access=True)
     with pytest.raises(SandboxException, match="template"):
         PlainSandbox.create(template="my-custom-template")
-    s = PlainSandbox.create()
-    try:
-        with pytest.raises(SandboxException, match="not supported"):
-            s.pause()
-    finally:
-        s.kill()
 
 
 def test_async_sdk(server):

@@ -3,6 +3,7 @@
     common.py   the typer apps, consoles, exit codes, the program rule, result printing
     run.py      run, agent, doctor, reap, languages
     session.py  session create|ls|run|cell|cp|rm
+    snapshots.py  session pause|resume|fork|snapshot|snapshots|snapshot-rm|from-snapshot
     serve.py    serve (HTTP API), mcp
     tokens.py   tokens create|ls|revoke
     images.py   images build|name
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from sandloop.cli import cluster, images, run, serve, session, templates, tokens  # noqa: F401 - they register their commands
+from sandloop.cli import cluster, images, run, serve, session, snapshots, templates, tokens  # noqa: F401 - they register their commands
 from sandloop.cli.common import app
 
 __all__ = ["app", "main"]

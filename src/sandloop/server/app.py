@@ -37,6 +37,7 @@ from sandloop.server.providers import ProviderEndpoints
 from sandloop.server.quota import QuotaError
 from sandloop.server.runs import runs_routes
 from sandloop.server.sessions import session_routes
+from sandloop.server.snapshots import snapshot_routes
 from sandloop.server.templates import template_routes
 from sandloop.server.tokens import TokenStore
 
@@ -141,6 +142,7 @@ def create_app(
     add_pages(app, api, metrics_access)
     app.include_router(runs_routes(api))
     app.include_router(session_routes(api))
+    app.include_router(snapshot_routes(api))
     app.include_router(template_routes(api))
     mount_e2b(app, api)  # E2B's SDKs: the control plane here, sandbox traffic split off in front
     return app

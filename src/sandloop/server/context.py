@@ -115,7 +115,7 @@ class Api:
     def owned(self, token: Token, session_id: str) -> "Session":
         if self.tokens.owner_of(session_id) != token.id:  # someone else's and nonexistent look the same
             raise ApiError(404, "not_found", f"no session {session_id}")
-        return self.root.attach_session(session_id)
+        return self.root.attach_session(session_id, resume=False)  # resumed only when asked
 
     def with_session(self, token: Token, session_id: str, call: Callable[["Session"], Any]) -> Any:
         """``call(session)`` on one of the token's sessions, counted against its rate (each

@@ -145,6 +145,18 @@ class SessionIn(_In):
     limits: LimitsIn = Field(default_factory=LimitsIn)
 
 
+class SnapshotIn(_In):
+    name: str = Field("", max_length=128)
+
+
+class ForkIn(_In):
+    count: int = Field(1, ge=1, le=20)
+
+
+class FromSnapshotIn(_In):
+    ttl_seconds: float | None = Field(None, ge=API_MIN_TTL_SECONDS, le=API_MAX_TTL_SECONDS, allow_inf_nan=False)
+
+
 #: Files a template build may carry in its JSON body (base64), all together.
 MAX_TEMPLATE_FILES_BYTES = 48 * 1024 * 1024
 

@@ -90,6 +90,20 @@ def check_session_room(token: Token, live_quotas: Iterable[int], quota_bytes: in
         )
 
 
+def check_snapshot_room(token: Token, live_quotas: Iterable[int], snapshot_bytes: int) -> None:
+    """Refuse a new snapshot (a pause, a fork) once the token's sessions' quotas and its
+    snapshots' disk together reach its workspace ceiling (403)."""
+    ceiling = parse_size(token.max_workspace)
+    held = sum(live_quotas) + snapshot_bytes
+    if held >= ceiling:
+        raise QuotaError(
+            403,
+            "over_token_limit",
+            f"this token may hold {token.max_workspace} of workspace and snapshots in all (--max-workspace); its "
+            f"sessions and snapshots hold {held} bytes: delete a snapshot (DELETE /v1/snapshots/ID) or a session",
+        )
+
+
 def check_agent_budget(tokens: TokenStore, token: Token, max_iterations: int) -> None:
     """Before an agent run: the iteration ceiling (403) and today's runs and model tokens (429)."""
     if max_iterations > token.agent_max_iterations:

@@ -230,8 +230,9 @@ class Session:
         return cls(limits, ttl, quota, root=root, template=template)
 
     @classmethod
-    def attach(cls, session_id: str, *, root: Sandloop | None = None) -> Session:
-        """Reattach to a live session by id (from any process on this host)."""
+    def attach(cls, session_id: str, *, root: Sandloop | None = None, resume: bool = True) -> Session:
+        """Reattach to a live session by id (from any process on this host). A paused session
+        resumes (unless ``resume=False``: then its calls raise ``SessionPaused`` until ``resume()``)."""
         from sandloop.root import default_root
 
         root = root or default_root()
@@ -241,7 +242,7 @@ class Session:
         session = cls(root=root, _record=record)
         with session._kernel.locked():
             session._recover()
-            if session.paused:  # attaching is using it: a paused session resumes
+            if resume and session.paused:  # attaching is using it: a paused session resumes
                 session.resume()
         return session
 

@@ -207,8 +207,8 @@ def describe(record: SnapshotRecord) -> dict[str, Any]:
 
 
 def validate_count(count: int) -> int:
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 16:
-        raise InvalidArgument(f"count must be a whole number from 1 to 16, got {count!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 20:
+        raise InvalidArgument(f"count must be a whole number from 1 to 20, got {count!r}")
     return count
 
 

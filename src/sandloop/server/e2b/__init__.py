@@ -110,6 +110,8 @@ def sandbox_app(e2b: E2B) -> ASGIApp:
         sandbox_id = request.headers.get("e2b-sandbox-id", "")
         try:
             e2b.live(e2b.registry.get(sandbox_id), sandbox_id)
+            if e2b.paused(sandbox_id):  # not running: E2B's proxy answers a paused sandbox the same
+                raise E2BError(502, "paused")
         except E2BError:
             # E2B's proxy's own words, which the SDK reads ("was not found": the sandbox is gone)
             body = {"sandboxId": sandbox_id, "message": "The sandbox was not found", "code": 502}

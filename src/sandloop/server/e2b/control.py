@@ -21,7 +21,7 @@ from sandloop.server.context import Auth
 from sandloop.server.e2b.service import E2B, ENVD_VERSION, MAX_TIMEOUT, TEMPLATES, TTL_MARGIN, E2BError
 from sandloop.server.errors import error_for
 from sandloop.server.models import LimitsIn
-from sandloop.server.quota import QuotaError, check_session_room
+from sandloop.server.quota import QuotaError, check_session_room, check_snapshot_room
 
 #: Every /sandboxes... and /v<N>/sandboxes... path is the control plane's, whatever headers say.
 CONTROL_PATH = re.compile(r"^/(v\d+/)?sandboxes(/|$)")
@@ -29,8 +29,6 @@ DEFAULT_TIMEOUT = 15  # E2B's, for a body that names none
 WORKSPACE_QUOTA = "1g"
 #: Options sandloop does not honour: refused with a reason instead of silently ignored.
 _REFUSED = {
-    "autoPause": "pausing is not supported yet (no snapshots): let the sandbox time out or kill it",
-    "autoResume": "pausing is not supported yet (no snapshots)",
     # the SDK's own words when its gateway fails (scripts match them); refused before a sandbox exists
     "mcp": "Failed to start MCP gateway: sandloop runs no MCP gateway inside sandboxes (it would run as "
     "root); sandloop serves MCP itself (`sandloop mcp`)",
@@ -113,7 +111,7 @@ def control_routes(e2b: E2B) -> APIRouter:
                 cpuCount=max(1, math.ceil(box.cpus)),
                 memoryMB=box.memory_mb,
                 diskSizeMB=box.disk_mb,
-                state="running",
+                state="paused" if e2b.paused(box.sandbox_id) else "running",
                 metadata=box.metadata,
             )
         return out
@@ -128,6 +126,10 @@ def control_routes(e2b: E2B) -> APIRouter:
         template = body.get("templateID") or "base"
         if not isinstance(template, str):
             raise E2BError(400, "templateID must be a string")
+        on_timeout = "pause" if body.get("autoPause") is True else "kill"
+        auto_resume = _asks_for(body.get("autoResume"))
+        if template.startswith("snap-"):  # a snapshot of one of this key's sandboxes
+            return from_snapshot(token, template, body, on_timeout, auto_resume)
         own: str | None = None  # a template this key built (or the operator did), else the runtime image
         if template.split(":")[0] not in TEMPLATES:
             try:
@@ -168,8 +170,124 @@ def control_routes(e2b: E2B) -> APIRouter:
                 memory_mb=limits.memory_bytes // 2**20,
                 disk_mb=quota // 2**20,
             )
+            api_registry.set_lifecycle(s.id, on_timeout, auto_resume)
             s.close()
         return sandbox_json(box)
+
+    def from_snapshot(
+        token: Any, snapshot_id: str, body: dict[str, Any], on_timeout: str, auto_resume: bool
+    ) -> dict[str, Any]:
+        """A sandbox started from a snapshot (E2B's snapshots are templates: ``Sandbox.create(id)``)."""
+        from sandloop.sessions.session import Session
+
+        try:
+            snap = api.root.snapshots.get(snapshot_id)
+        except SandboxError:
+            snap = None
+        if snap is None or snap.owner != token.id:
+            raise E2BError(404, f"template '{snapshot_id}' not found (no snapshot of that id is this key's)")
+        source = api_registry.get(snap.session_id)
+        timeout = _timeout(body.get("timeout"), DEFAULT_TIMEOUT)
+        with api.rates.use(token), api.session_lock:
+            check_session_room(token, [r.quota_bytes for r in api.live_sessions(token)], snap.quota_bytes)
+            s = Session.from_snapshot(snap.id, ttl=timeout + TTL_MARGIN, root=api.root)
+            box = register(token, s, snapshot_id, timeout, source, body)
+            api_registry.set_lifecycle(s.id, on_timeout, auto_resume)
+        return sandbox_json(box)
+
+    def register(token: Any, s: Any, template: str, timeout: float, like: Any, body: dict[str, Any]) -> Any:
+        """A new session (a fork, or one from a snapshot) as one of the key's sandboxes."""
+        api.tokens.own(s.id, token.id)
+        limits = s.limits
+        box = api_registry.add(
+            s.id,
+            token.id,
+            template=template,
+            timeout=timeout,
+            metadata=_strings(body.get("metadata"), "metadata") or (like.metadata if like else {}),
+            envs=like.envs if like else {},
+            cpus=limits.cpus,
+            memory_mb=limits.memory_bytes // 2**20,
+            disk_mb=s.record.quota_bytes // 2**20,
+        )
+        s.close()
+        return box
+
+    @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+    def pause(sandbox_id: str, token: Auth) -> Response:
+        """Stop it, keeping its memory (gVisor) or its Python state (runc); 409 when paused."""
+        e2b.mine(token, sandbox_id)
+        if e2b.paused(sandbox_id):
+            raise E2BError(409, f"sandbox {sandbox_id} is already paused")
+        with api.rates.use(token):
+            e2b.pause(sandbox_id)
+        return Response(status_code=204)
+
+    @router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
+    async def resume(sandbox_id: str, request: Request, token: Auth) -> dict[str, Any]:
+        body = await body_of(request)
+
+        def work() -> dict[str, Any]:
+            box = e2b.mine(token, sandbox_id)
+            if not e2b.paused(sandbox_id):
+                raise E2BError(409, f"sandbox {sandbox_id} is already running")
+            with api.rates.use(token):
+                e2b.resume(sandbox_id, _timeout(body.get("timeout"), DEFAULT_TIMEOUT))
+            return sandbox_json(e2b.mine(token, box.sandbox_id))
+
+        return await run_in_threadpool(work)
+
+    @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
+    async def snapshot(sandbox_id: str, request: Request, token: Auth) -> dict[str, Any]:
+        body = await body_of(request)
+        name = body.get("name") or ""
+        if not isinstance(name, str) or len(name) > 128:
+            raise E2BError(400, "name must be a string of at most 128 characters")
+
+        def work() -> dict[str, Any]:
+            e2b.mine(token, sandbox_id)
+            with api.rates.use(token):
+                check_snapshot_room(
+                    token, [r.quota_bytes for r in api.live_sessions(token)], api.root.snapshots.total_bytes(token.id)
+                )
+                snap = e2b.session(sandbox_id).snapshot(name, owner=token.id)
+            return snapshot_json(snap)
+
+        return await run_in_threadpool(work)
+
+    @router.get("/snapshots")
+    def list_snapshots(token: Auth, sandboxID: str | None = None, name: str | None = None) -> list[dict[str, Any]]:  # noqa: N803 - E2B's
+        return [
+            snapshot_json(r)
+            for r in api.root.snapshots.list(sandboxID)
+            if r.owner == token.id and (name is None or r.name == name)
+        ]
+
+    @router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
+    async def fork(sandbox_id: str, request: Request, token: Auth) -> list[dict[str, Any]]:
+        body = await body_of(request)
+        count = body.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 20:
+            raise E2BError(400, f"count must be a whole number from 1 to 20, got {count!r}")
+        timeout = _timeout(body.get("timeout"), DEFAULT_TIMEOUT)
+
+        def work() -> list[dict[str, Any]]:
+            source = e2b.mine(token, sandbox_id)
+            with api.rates.use(token), api.session_lock:
+                live = [r.quota_bytes for r in api.live_sessions(token)]
+                quota = parse_size(WORKSPACE_QUOTA)
+                check_session_room(token, live + [quota] * (count - 1), quota)
+                children = e2b.session(sandbox_id).fork(count)
+                out = []
+                for child in children:
+                    child.record.ttl_seconds = timeout + TTL_MARGIN
+                    api.root.sessions.save(child.record)
+                    box = register(token, child, source.template, timeout, source, {})
+                    api_registry.set_lifecycle(child.id, *api_registry.lifecycle(sandbox_id))
+                    out.append({"sandbox": sandbox_json(box)})
+            return out
+
+        return await run_in_threadpool(work)
 
     @router.post("/sandboxes", status_code=201)
     @router.post("/v2/sandboxes", status_code=201)
@@ -179,16 +297,20 @@ def control_routes(e2b: E2B) -> APIRouter:
 
     @router.post("/sandboxes/{sandbox_id}/connect")
     @router.post("/v2/sandboxes/{sandbox_id}/connect")
-    async def connect(sandbox_id: str, request: Request, token: Auth) -> dict[str, Any]:
+    async def connect(sandbox_id: str, request: Request, token: Auth) -> JSONResponse:
         body = await body_of(request)
 
-        def work() -> dict[str, Any]:
+        def work() -> JSONResponse:
             box = e2b.mine(token, sandbox_id)
             timeout = _timeout(body.get("timeout"), 0) if body.get("timeout") is not None else 0
+            if e2b.paused(sandbox_id):  # connecting resumes it: 201, as E2B's
+                with api.rates.use(token):
+                    e2b.resume(sandbox_id, timeout or DEFAULT_TIMEOUT)
+                return JSONResponse(sandbox_json(e2b.mine(token, sandbox_id)), status_code=201)
             if timeout and box.end_at < datetime.datetime.now().timestamp() + timeout:
                 e2b.set_timeout(box, timeout)
                 box = e2b.mine(token, sandbox_id)
-            return sandbox_json(box)
+            return JSONResponse(sandbox_json(box))
 
         return await run_in_threadpool(work)
 
@@ -218,9 +340,8 @@ def control_routes(e2b: E2B) -> APIRouter:
         e2b.reap()
         query = request.query_params
         wanted = dict(urllib.parse.parse_qsl(query.get("metadata", "")))
-        states = [s for s in query.get("state", "running").split(",") if s]
-        if "running" not in states:
-            return []  # nothing here is ever paused
+        # ?state=running&state=paused (the SDKs) or ?state=running,paused
+        states = {s for value in (query.getlist("state") or ["running,paused"]) for s in value.split(",") if s}
         template = query.get("template")
         after = None
         if query.get("startedAfter"):
@@ -239,6 +360,7 @@ def control_routes(e2b: E2B) -> APIRouter:
             and all(box.metadata.get(k) == v for k, v in wanted.items())
             and (template is None or template == box.template)
             and (after is None or box.started >= after - 1e-6)  # the ISO time kept microseconds
+            and ("paused" if e2b.paused(box.sandbox_id) else "running") in states
         ]
         return sorted(boxes, key=lambda b: (b.started, b.sandbox_id), reverse=order == "desc")
 
@@ -274,11 +396,15 @@ def control_routes(e2b: E2B) -> APIRouter:
         e2b.mine(token, sandbox_id)
         raise E2BError(
             501,
-            f"{action} is not supported by sandloop's E2B-compatible API (pause, resume, snapshots, fork, "
-            "metrics, logs and network rules are not); see the README's 'Coming from E2B'",
+            f"{action} is not supported by sandloop's E2B-compatible API (metrics, logs and network rules "
+            "are not); see the README's 'Coming from E2B'",
         )
 
     return router
+
+
+def snapshot_json(snap: Any) -> dict[str, Any]:
+    return {"snapshotID": snap.id, "names": [snap.name] if snap.name else [snap.id]}
 
 
 def e2b_error_response(exc: Exception) -> JSONResponse:

@@ -33,6 +33,11 @@ CREATE TABLE IF NOT EXISTS e2b_sandboxes (
     cpus REAL NOT NULL,
     memory_mb INTEGER NOT NULL,
     disk_mb INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS e2b_lifecycle (
+    sandbox_id TEXT PRIMARY KEY,
+    on_timeout TEXT NOT NULL,
+    auto_resume INTEGER NOT NULL
 )
 """
 
@@ -152,6 +157,20 @@ class Registry:
             ).fetchall()
         return [r["sandbox_id"] for r in rows]
 
+    # -- lifecycle (E2B's ``lifecycle`` / ``autoPause``: pause at the timeout, resume on traffic) -----
+    def set_lifecycle(self, sandbox_id: str, on_timeout: str, auto_resume: bool) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO e2b_lifecycle VALUES (?,?,?)", (sandbox_id, on_timeout, int(auto_resume))
+            )
+            self._db.commit()
+
+    def lifecycle(self, sandbox_id: str) -> tuple[str, bool]:
+        """(on_timeout: "kill" or "pause", auto_resume)."""
+        with self._lock:
+            row = self._db.execute("SELECT * FROM e2b_lifecycle WHERE sandbox_id = ?", (sandbox_id,)).fetchone()
+        return ("kill", False) if row is None else (row["on_timeout"], bool(row["auto_resume"]))
+
     def set_end(self, sandbox_id: str, end_at: float) -> None:
         with self._lock:
             self._db.execute("UPDATE e2b_sandboxes SET end_at = ? WHERE sandbox_id = ?", (end_at, sandbox_id))
@@ -160,6 +179,7 @@ class Registry:
     def remove(self, sandbox_id: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM e2b_sandboxes WHERE sandbox_id = ?", (sandbox_id,))
+            self._db.execute("DELETE FROM e2b_lifecycle WHERE sandbox_id = ?", (sandbox_id,))
             self._db.commit()
 
 

@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from sandloop.contract import SandboxError, SessionNotFound
+from sandloop.contract import SandboxError, SessionNotFound, SessionNotPaused
 from sandloop.server.e2b.registry import E2BSandbox, Registry
 from sandloop.server.tokens import Token
+from sandloop.sessions.snapshots import paused_kind
 
 if TYPE_CHECKING:
     from sandloop.server.context import Api
@@ -161,6 +162,10 @@ class Follower:
             time.sleep(POLL_GAP)
 
 
+#: Seconds a sandbox resumed by its traffic (``autoResume``) has before it times out again.
+DEFAULT_RESUME_TIMEOUT = 300
+
+
 class E2B:
     def __init__(self, api: Api, registry: Registry) -> None:
         self.api, self.registry = api, registry
@@ -183,7 +188,7 @@ class E2B:
             s = self._sessions.get(sandbox_id)
         if s is None:
             try:
-                s = self.api.root.attach_session(sandbox_id)
+                s = self.api.root.attach_session(sandbox_id, resume=False)  # paused: see ``live``
             except SessionNotFound:
                 self.forget(sandbox_id)
                 raise E2BError(404, f"sandbox {sandbox_id} not found (it was killed or timed out)") from None
@@ -223,7 +228,40 @@ class E2B:
 
     def reap(self) -> None:
         for sandbox_id in self.registry.expired():
-            self.kill(sandbox_id)
+            self.timed_out(sandbox_id)
+
+    def paused(self, sandbox_id: str) -> str | None:
+        return paused_kind(self.api.root.sessions.root / sandbox_id)
+
+    def timed_out(self, sandbox_id: str) -> bool:
+        """At its timeout a sandbox is killed, or paused when it asked to be (E2B's
+        ``lifecycle.on_timeout="pause"``); a paused one waits, as E2B's do. True: it is gone."""
+        if self.paused(sandbox_id):
+            return False
+        if self.registry.lifecycle(sandbox_id)[0] == "pause":
+            try:
+                self.pause(sandbox_id)
+                return False
+            except SessionNotPaused:  # another thread (the reaper, a request) paused it first
+                return False
+            except Exception:  # noqa: BLE001 - a sandbox that cannot pause ends as any other
+                log.warning("could not pause timed-out sandbox %s: killing it", sandbox_id, exc_info=True)
+        self.kill(sandbox_id)
+        return True
+
+    def pause(self, sandbox_id: str) -> str:
+        kind = self.session(sandbox_id).pause()
+        with self._lock:
+            self._followers.pop(sandbox_id, None)  # its processes' output ends here
+        return kind
+
+    def resume(self, sandbox_id: str, timeout: float) -> str:
+        """Resume a paused sandbox with a new timeout (E2B's connect and resume)."""
+        kind = self.session(sandbox_id).resume()
+        box = self.registry.get(sandbox_id)
+        if box is not None:
+            self.set_timeout(box, timeout)
+        return kind
 
     def start_reaper(self) -> None:
         """Sweep for timed-out sandboxes every few seconds until ``stop()`` (server shutdown)."""
@@ -287,8 +325,7 @@ class E2B:
                 self._killed.wait_for(lambda: sandbox_id not in self._killing, KILL_WAIT_SECONDS)
         if box is None or killing:
             raise E2BError(404, f"sandbox {sandbox_id} not found")
-        if box.end_at < time.time():
-            self.kill(sandbox_id)
+        if box.end_at < time.time() and self.timed_out(sandbox_id):
             raise E2BError(404, f"sandbox {sandbox_id} not found: it timed out and was removed")
         try:
             self.api.root.sessions.load(sandbox_id)  # deleted through the native API, or idle-reaped?
@@ -311,6 +348,11 @@ class E2B:
         token = self.api.tokens.get(box.token_id)
         if token is None:
             raise E2BError(401, "the key that made this sandbox was revoked")
+        if self.paused(sandbox_id):
+            if not self.registry.lifecycle(sandbox_id)[1]:  # as E2B's proxy answers a paused sandbox
+                raise E2BError(502, f"The sandbox {sandbox_id} was not found: it is paused; connect to resume it")
+            self.resume(sandbox_id, max(box.end_at - time.time(), DEFAULT_RESUME_TIMEOUT))
+            box = self.live(self.registry.get(sandbox_id), sandbox_id)
         return box, token
 
     def set_timeout(self, box: E2BSandbox, seconds: float) -> None:

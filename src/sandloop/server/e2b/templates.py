@@ -666,6 +666,16 @@ def template_api_routes(e2b: E2B) -> Any:
 
     @router.delete("/templates/{template_id}", status_code=204)
     def delete(template_id: str, token: Auth) -> Response:
+        if template_id.startswith("snap-"):  # E2B's snapshots are templates (Sandbox.delete_snapshot)
+            snapshots = templates.root.snapshots
+            try:
+                snap = snapshots.get(template_id)
+            except SandboxError:
+                snap = None
+            if snap is None or snap.owner != token.id:
+                raise E2BError(404, f"snapshot {template_id} not found")
+            snapshots.delete(snap.id)
+            return Response(status_code=204)
         templates.delete(token, template_id)
         return Response(status_code=204)
 

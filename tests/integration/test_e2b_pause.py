@@ -1,0 +1,115 @@
+"""E2B's SDKs, unchanged, pausing, resuming, snapshotting and forking sandboxes (issue 25), on a
+server whose E2B sandboxes run on gVisor (their memory is kept)."""
+
+from __future__ import annotations
+
+import time
+
+import e2b
+import httpx
+import pytest
+from e2b import Sandbox as PlainSandbox
+from e2b_code_interpreter import Sandbox
+
+from sandloop import Sandloop, Settings
+from sandloop.server.app import create_app
+from sandloop.server.tokens import TokenStore
+from tests.servers import e2b_environment, serve_in_thread
+
+pytestmark = [pytest.mark.runsc, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tokens = TokenStore(tmp_path_factory.mktemp("e2b-pause") / "tokens.sqlite")
+    alice, _ = tokens.create("alice", max_concurrent=8, runs_per_minute=1000, max_timeout=600)
+    with Sandloop(Settings(pool_size=0, session_pool_size=0, e2b_runtime="runsc")) as root:
+        with serve_in_thread(create_app(tokens, sandloop=root)) as url, e2b_environment(url, alice):
+            yield {"url": url, "alice": alice}
+
+
+def test_pause_connect_resumes_with_memory_and_list_says_paused(server):
+    s = Sandbox.create(timeout=300, metadata={"job": "pause"})
+    try:
+        s.run_code("import numpy as np; data = np.arange(1000); note = 'kept'")
+        s.files.write("/home/user/f.txt", "file kept")
+        s.pause()
+        assert not s.is_running()  # envd answers as E2B's proxy does for a paused sandbox (502)
+        assert PlainSandbox.get_info(s.sandbox_id).state == "paused"
+        listed = PlainSandbox.list(
+            query=e2b.SandboxQuery(metadata={"job": "pause"}, state=[e2b.SandboxState.PAUSED])
+        ).next_items()
+        assert [i.sandbox_id for i in listed] == [s.sandbox_id]
+        assert (
+            PlainSandbox.list(
+                query=e2b.SandboxQuery(metadata={"job": "pause"}, state=[e2b.SandboxState.RUNNING])
+            ).next_items()
+            == []
+        )
+        r = httpx.post(
+            f"{server['url']}/sandboxes/{s.sandbox_id}/pause", headers={"X-API-Key": server["alice"]}, timeout=60
+        )
+        assert r.status_code == 409  # already paused
+        again = Sandbox.connect(s.sandbox_id)  # resumes
+        assert again.is_running()
+        ex = again.run_code("print(int(data.sum()), note)")
+        assert ex.logs.stdout == ["499500 kept\n"]
+        assert again.files.read("/home/user/f.txt") == "file kept"
+        assert PlainSandbox.get_info(s.sandbox_id).state == "running"
+    finally:
+        s.kill()
+
+
+def test_snapshot_then_a_sandbox_from_it_then_delete(server):
+    s = Sandbox.create(timeout=300)
+    try:
+        s.run_code("x = 41")
+        snap = s.create_snapshot()
+        s.run_code("x = 0")  # the snapshot keeps what was
+        other = Sandbox.create(snap.snapshot_id, timeout=300)
+        try:
+            assert other.run_code("x + 1").text == "42"
+            assert s.run_code("x").text == "0"
+        finally:
+            other.kill()
+        assert PlainSandbox.delete_snapshot(snap.snapshot_id)
+        assert not PlainSandbox.delete_snapshot(snap.snapshot_id)  # 404: gone
+    finally:
+        s.kill()
+
+
+def test_auto_pause_at_the_timeout_keeps_the_sandbox(server):
+    s = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"})
+    try:
+        s.run_code("y = 'survived the timeout'")
+        # the timeout has passed once the control plane has paused it (each call checks the timeout)
+        deadline = time.monotonic() + 120
+        while PlainSandbox.get_info(s.sandbox_id).state != "paused":
+            assert time.monotonic() < deadline, "a sandbox past its timeout with on_timeout=pause was not paused"
+            time.sleep(0.5)
+        again = Sandbox.connect(s.sandbox_id, timeout=300)
+        assert again.run_code("y").text == "survived the timeout"
+    finally:
+        s.kill()
+
+
+def test_fork_gives_sandboxes_with_their_own_copy(server):
+    s = Sandbox.create(timeout=300)
+    try:
+        s.run_code("z = [1]")
+        s.files.write("/home/user/w.txt", "parent")
+        forks = s.fork(count=2, timeout=300)
+        try:
+            assert all(isinstance(f, Sandbox) for f in forks), forks
+            forks[0].run_code("z.append(2)")
+            forks[0].files.write("/home/user/w.txt", "fork")
+            assert s.run_code("len(z)").text == "1" and forks[1].run_code("len(z)").text == "1"
+            assert forks[0].run_code("len(z)").text == "2"
+            assert s.files.read("/home/user/w.txt") == "parent" and forks[1].files.read("/home/user/w.txt") == "parent"
+            assert s.is_running()  # the source runs on, with its id
+        finally:
+            for f in forks:
+                if isinstance(f, Sandbox):
+                    f.kill()
+    finally:
+        s.kill()
