@@ -23,9 +23,9 @@ pytestmark = [pytest.mark.runsc, pytest.mark.timeout(900)]
 def server(tmp_path_factory):
     tokens = TokenStore(tmp_path_factory.mktemp("e2b-pause") / "tokens.sqlite")
     alice, _ = tokens.create("alice", max_concurrent=8, runs_per_minute=1000, max_timeout=600)
-    with Sandloop(Settings(pool_size=0, session_pool_size=0, e2b_runtime="runsc")) as root:
-        with serve_in_thread(create_app(tokens, sandloop=root)) as url, e2b_environment(url, alice):
-            yield {"url": url, "alice": alice}
+    root = Sandloop(Settings(pool_size=0, session_pool_size=0, e2b_runtime="runsc"))
+    with root, serve_in_thread(create_app(tokens, sandloop=root)) as url, e2b_environment(url, alice):
+        yield {"url": url, "alice": alice}
 
 
 def test_pause_connect_resumes_with_memory_and_list_says_paused(server):
