@@ -60,7 +60,9 @@ class Sandloop:
         self.settings = settings or Settings()
         self.backend: FullBackend = backend or self.settings.build_backend(node_root)
         self.dispatcher = Dispatcher(self.backend, self.settings)
-        self.sessions = SessionStore(self.backend, self.settings.home)
+        self.sessions = SessionStore(
+            self.backend, self.settings.home, paused_retention=self.settings.paused_retention_seconds
+        )
         #: Sessions' snapshots (``sessions/snapshots.py``).
         self.snapshots = SnapshotStore(self.settings.home)
         #: Warm sessions (``Settings.session_pool_size``), in the dispatcher's pools.
@@ -135,6 +137,9 @@ class Sandloop:
         """Remove stale sandboxes and workspaces (expired, or their owner process died) and
         sessions idle past their TTL."""
         expired = [] if dry_run else self.sessions.reap_expired()
+        if not dry_run:  # snapshots past their retention, and what a killed snapshot left half-made
+            self.snapshots.expire(self.settings.snapshot_retention_seconds)
+            self.snapshots.sweep()
         return ReapReport(reap(self.backend, dry_run=dry_run), expired)
 
     def info(self) -> BackendInfo:

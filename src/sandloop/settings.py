@@ -170,6 +170,12 @@ class Settings(BaseSettings):
     max_creating: int = Field(4, ge=1, le=256, description="Most container creations in flight at once.")
     queue_wait_seconds: float = Field(30, ge=0, description="Longest a run waits for a slot before SandboxBusy.")
     reap_interval_seconds: float = Field(60, gt=0, description="How often a long-running process reaps.")
+    paused_retention_seconds: float = Field(
+        30 * 86400, gt=0, description="How long a paused session is kept (its idle TTL stops while it is paused)."
+    )
+    snapshot_retention_seconds: float = Field(
+        30 * 86400, gt=0, description="How long a snapshot is kept before the reaper removes it."
+    )
     e2b_runtime: Literal["runc", "runsc"] = Field(
         "runc",
         description="OCI runtime of sandboxes made through the E2B-compatible API (E2B's SDKs cannot choose one).",

@@ -156,6 +156,13 @@ class SnapshotStore:
         """Remove it. Idempotent."""
         shutil.rmtree(self.dir(snapshot_id), ignore_errors=True)
 
+    def expire(self, retention: float) -> builtins.list[str]:
+        """Remove snapshots older than ``retention`` seconds; their ids."""
+        gone = [r.id for r in self.list() if r.created + retention < time.time()]
+        for snapshot_id in gone:
+            self.delete(snapshot_id)
+        return gone
+
     def sweep(self, older_than: float = 3600) -> builtins.list[str]:
         """Remove staging folders a killed process left (older than ``older_than`` seconds)."""
         gone = []

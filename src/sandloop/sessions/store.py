@@ -26,6 +26,7 @@ from sandloop.contract import HostDiskFull, SandboxError, SessionNotFound
 from sandloop.paths import default_home
 from sandloop.runtime.base import Housekeeping, WorkspaceRef, Workspaces
 from sandloop.runtime.labels import SESSION_LABEL, owner_alive
+from sandloop.sessions.snapshots import paused_kind
 
 WORKSPACE = "/workspace"
 #: The workspace is mounted here too: where code written for E2B's sandboxes keeps its files.
@@ -78,11 +79,21 @@ class SessionRecord:
 
 
 class SessionStore:
-    def __init__(self, backend: SessionBackend, home: Path | None = None) -> None:
+    def __init__(
+        self, backend: SessionBackend, home: Path | None = None, *, paused_retention: float = 30 * 86400
+    ) -> None:
         self.backend = backend
         self.root = (home or default_home()) / "sessions"
+        #: A paused session's idle clock stops: it is kept this long after it was last used instead.
+        self.paused_retention = paused_retention
         #: Where records live when not in this host's files.
         self.shared = backend if isinstance(backend, SharedRecords) else None
+
+    def expired(self, record: SessionRecord, now: float | None = None) -> bool:
+        now = time.time() if now is None else now
+        if paused_kind(self.root / record.id):
+            return record.last_used + self.paused_retention < now
+        return record.expires_at < now
 
     def _dir(self, session_id: str) -> Path:
         if not session_id.startswith("s-") or not session_id[2:].isalnum():
@@ -105,7 +116,7 @@ class SessionStore:
         record = self._read(session_id)
         if record is None or record.reserved_by:
             raise SessionNotFound(f"no session {session_id}: it was deleted or expired")
-        if record.expires_at < time.time():
+        if self.expired(record):
             self.delete(session_id)
             raise SessionNotFound(f"session {session_id} expired after {record.ttl_seconds:g} s idle and was removed")
         if self.shared is not None:  # made on another host: this one needs its own directory
@@ -163,7 +174,7 @@ class SessionStore:
         for record in self._all().values():
             if record is None or record.reserved_by:
                 continue
-            if record.expires_at < time.time():
+            if self.expired(record):
                 self.delete(record.id)
                 continue
             out.append(record)
@@ -230,7 +241,7 @@ class SessionStore:
         gone: builtins.list[str] = []
         records = self._all()
         for session_id, record in records.items():
-            if record is not None and (record.expires_at < now or owner_alive(record.reserved_by) is False):
+            if record is not None and (self.expired(record, now) or owner_alive(record.reserved_by) is False):
                 self.delete(session_id)
                 gone.append(session_id)
         if self.root.is_dir():
