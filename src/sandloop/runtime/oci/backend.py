@@ -54,7 +54,14 @@ from sandloop.runtime.docker import DockerBackend, LiveSandbox
 from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
 from sandloop.runtime.oci import bwrap
 from sandloop.runtime.oci.config import Templates, binds_host_tmp, docker_bundle_config, parity_problems, render
-from sandloop.runtime.oci.kernels import DirectKernel, DirectKernels, checkpoint_whole, is_kernel_spec
+from sandloop.runtime.oci.kernels import (
+    DirectKernel,
+    DirectKernels,
+    checkpoint_whole,
+    holder_pid,
+    is_kernel_spec,
+    wait_for_holder,
+)
 from sandloop.runtime.oci.store import RootfsStore
 from sandloop.runtime.oci.stream import PipeChannel
 from sandloop.runtime.tmpfs import mount_host_tmpfs, unmount_host_tmpfs
@@ -749,6 +756,7 @@ class OCIBackend:
         self._delete(sandbox_id, runtime)
 
     def _delete(self, sandbox_id: str, runtime: str) -> None:
+        holder = holder_pid(self.state / "bundles" / sandbox_id)  # a session interpreter's (kernels.py)
         if runtime == BWRAP:  # no runtime state: its processes (by its pid file), cgroups, bundle
             self._kill_pid_file(self.state / "bundles" / sandbox_id, sandbox_id)
             for _ in range(200):
@@ -762,6 +770,7 @@ class OCIBackend:
                 capture_output=True,
                 timeout=30,
             )
+        wait_for_holder(holder)
         for directory in _cgroup_dirs(sandbox_id):  # runc removes them; this is for a crash
             for _ in range(100):  # (and runsc's memory cgroup: its last processes may be exiting)
                 try:

@@ -227,18 +227,7 @@ class DirectKernels:
 
     def destroy(self, kernel: DirectKernel) -> None:
         kernel.channel.close()
-        self._remove(kernel)
-
-    def _remove(self, kernel: DirectKernel) -> None:
-        """Remove the sandbox, then wait for its holder to exit (it does once the sandbox is gone)."""
-        try:
-            pid = int((kernel.bundle / "shim.pid").read_text())
-        except (OSError, ValueError):
-            pid = 0
         self.backend.delete_direct(kernel.id, "runsc")
-        deadline = time.monotonic() + 30
-        while pid and _running(pid, SHIM) and time.monotonic() < deadline:
-            time.sleep(0.01)
 
     # -- memory --------------------------------------------------------------------------------
     def checkpoint(self, kernel: DirectKernel, directory: Path) -> int:
@@ -276,7 +265,7 @@ class DirectKernels:
         if proc.returncode != 0:
             shutil.rmtree(directory, ignore_errors=True)
             raise SandboxError(f"runsc could not checkpoint the interpreter: {stderr.strip()[-500:]}")
-        self._remove(kernel)
+        self.backend.delete_direct(kernel.id, "runsc")
         return tree_size(directory)
 
 
@@ -289,6 +278,22 @@ def _running(pid: int, marker: str) -> bool:
         return False
 
 
+def holder_pid(bundle: Path) -> int:
+    """The pid of the shim holding a bundle's interpreter (0: none)."""
+    try:
+        return int((bundle / "shim.pid").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def wait_for_holder(pid: int, seconds: float = 30) -> None:
+    """Wait until a shim has exited (it does once its sandbox is gone, closing every connection:
+    a client then sees EOF, never a half-dead interpreter)."""
+    deadline = time.monotonic() + seconds
+    while pid and _running(pid, SHIM) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def checkpoint_whole(directory: Path) -> bool:
     """Whether ``checkpoint`` finished writing ``directory``; first waits for a checkpoint still
     being written there by a process whose caller was killed (its process lives on)."""
@@ -299,4 +304,12 @@ def checkpoint_whole(directory: Path) -> bool:
     return (directory / FACTS).is_file()
 
 
-__all__ = ["DirectKernel", "DirectKernels", "checkpoint_whole", "host_facts", "is_kernel_spec"]
+__all__ = [
+    "DirectKernel",
+    "DirectKernels",
+    "checkpoint_whole",
+    "holder_pid",
+    "host_facts",
+    "is_kernel_spec",
+    "wait_for_holder",
+]
