@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import concurrent.futures
 import io
 import json
 import math
@@ -668,7 +669,16 @@ class Session:
         validate_count(count)
         snap = self.snapshot(name=f"fork of {self.id}")
         try:
-            return [Session.from_snapshot(snap.id, root=self._root) for _ in range(count)]
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(count, 4)) as pool:
+                futures = [pool.submit(Session.from_snapshot, snap.id, root=self._root) for _ in range(count)]
+                concurrent.futures.wait(futures)
+            made = [f.result() for f in futures if f.exception() is None]
+            failed = [f.exception() for f in futures if f.exception() is not None]
+            if failed:  # all or none: the ones that started go again
+                for child in made:
+                    child.delete()
+                raise failed[0]  # type: ignore[misc]
+            return made
         finally:
             self._root.snapshots.delete(snap.id)
 

@@ -260,11 +260,15 @@ class DirectKernels:
             start_new_session=True,
         )
         (directory / "checkpointer.pid").write_text(str(proc.pid))
+        unthrottle(self.backend.cgroup_parent, kernel.id)
         _, stderr = proc.communicate(timeout=900)
         kernel.channel.close()
         if proc.returncode != 0:
             shutil.rmtree(directory, ignore_errors=True)
             raise SandboxError(f"runsc could not checkpoint the interpreter: {stderr.strip()[-500:]}")
+        # The stopped sandbox's `runsc run` cleans up its own state as it exits (then its holder
+        # does): a `runsc delete` before that waited ~5 s for it.
+        wait_for_holder(holder_pid(kernel.bundle))
         self.backend.delete_direct(kernel.id, "runsc")
         return tree_size(directory)
 
@@ -276,6 +280,13 @@ def _running(pid: int, marker: str) -> bool:
         return state != "Z" and marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
     except (OSError, IndexError):
         return False
+
+
+def unthrottle(parent: str, sandbox_id: str) -> None:
+    """Lift a sandbox's CPU quota: its checkpoint (compressing its memory) runs in its own Sentry,
+    and is sandloop's work, not the code's (measured: 0.5 CPU made a 100 MB pause take 7.6 s)."""
+    with contextlib.suppress(OSError):
+        Path(f"/sys/fs/cgroup/cpu/{parent}/{sandbox_id}/cpu.cfs_quota_us").write_text("-1")
 
 
 def holder_pid(bundle: Path) -> int:

@@ -1,0 +1,83 @@
+"""Pause, resume, snapshots and fork (issue 25): a gVisor session with pandas imported and 100 MB of
+data in memory. Pause p50, resume-to-first-cell p50, fork-to-first-cell p50 (count=1, and count=8
+once), the memory snapshot's size on disk; a runc session's state pause beside it.
+
+    .venv/bin/python bench/snapshots.py [--runs 5]
+
+Prints a Markdown table (the figures E2B publishes: pause ~4 s per GiB, resume ~1 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from sandloop import SandboxLimits, Sandloop
+from sandloop.sessions import Session
+from sandloop.settings import Settings
+
+SETUP = "import numpy as np, pandas as pd; data = np.ones(100 * 2**20 // 8); df = pd.DataFrame({'a': range(1000)})"
+CHECK = "int(data.sum()) + len(df)"
+
+
+def p50(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} s"
+
+
+def timed(call) -> float:  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    call()
+    return time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runtimes", default="runsc,runc")
+    args = parser.parse_args()
+    rows: list[tuple[str, str]] = []
+    with Sandloop(Settings(pool_size=0, session_pool_size=0)) as root:
+        for runtime in args.runtimes.split(","):
+            s = Session.create(SandboxLimits(runtime=runtime, memory="1g"), quota="512m", root=root)
+            try:
+                assert s.run_cell(SETUP).ok
+                pauses, resumes, forks = [], [], []
+                kind = ""
+                for _ in range(args.runs):
+                    started = time.monotonic()
+                    kind = s.pause()
+                    pauses.append(time.monotonic() - started)
+                    resumes.append(timed(lambda: (s.resume(), s.run_cell(CHECK))))
+                size = s.snapshot().size_bytes
+                for _ in range(args.runs):
+                    started = time.monotonic()
+                    [child] = s.fork(1)
+                    assert child.run_cell(CHECK).ok
+                    forks.append(time.monotonic() - started)
+                    child.delete()
+                started = time.monotonic()
+                children = s.fork(8)
+                for child in children:
+                    assert child.run_cell(CHECK).ok
+                fork8 = time.monotonic() - started
+                for child in children:
+                    child.delete()
+                for snap in Session.snapshots(s.id, root=root):
+                    Session.delete_snapshot(snap.id, root=root)
+            finally:
+                s.delete()
+            rows += [
+                (f"{runtime} ({kind}): pause p50", p50(pauses)),
+                (f"{runtime} ({kind}): resume to first cell p50", p50(resumes)),
+                (f"{runtime} ({kind}): fork to first cell p50", p50(forks)),
+                (f"{runtime} ({kind}): fork count=8 to every first cell", f"{fork8:.2f} s"),
+                (f"{runtime} ({kind}): snapshot on disk", f"{size / 2**20:.0f} MiB"),
+            ]
+    print("| 100 MB of data + pandas in the interpreter | value |\n|---|---:|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+
+
+if __name__ == "__main__":
+    main()
