@@ -18,7 +18,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 
 
 def test_the_readme_has_the_examples_this_file_runs():
-    assert len(BLOCKS) == 7, "a Python block was added to or removed from the README: run it here too"
+    assert len(BLOCKS) == 8, "a Python block was added to or removed from the README: run it here too"
 
 
 def test_run_code_example(capsys):
@@ -44,10 +44,20 @@ def test_sessions_example(tmp_path, monkeypatch, capsys):
     assert our_containers() == []
 
 
+def test_pause_fork_snapshot_example(capsys):
+    before = {r.id for r in Session.list()}
+    snaps = {r.id for r in Session.snapshots()}
+    exec(compile(BLOCKS[3], "README.md:pause", "exec"), {})
+    assert capsys.readouterr().out == "memory\nnp.int64(6) np.int64(60)\n3\n"
+    assert {r.id for r in Session.list()} == before, "the example leaves a session behind"
+    assert {r.id for r in Session.snapshots()} == snaps, "the example leaves a snapshot behind"
+    assert our_containers() == []
+
+
 def test_templates_example(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     before = {r.id for r in Session.list()}
-    exec(compile(BLOCKS[3], "README.md:templates", "exec"), {})
+    exec(compile(BLOCKS[4], "README.md:templates", "exec"), {})
     assert capsys.readouterr().out == "42\n42\n"
     assert {r.id for r in Session.list()} == before, "the example leaves a session behind"
     assert our_containers() == []
@@ -57,7 +67,7 @@ def test_agent_example(monkeypatch, capsys):
     with FakeProviderServer([anthropic_text("102334155"), openai_completion("102334155")]) as fake:
         monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
         monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
-        code = BLOCKS[4].replace("http://localhost:11434/v1", fake.url + "/v1")
+        code = BLOCKS[5].replace("http://localhost:11434/v1", fake.url + "/v1")
         exec(compile(code, "README.md:agent", "exec"), {})
     out = capsys.readouterr().out
     assert out.startswith("102334155 answered 1 Usage(") and len(fake.requests) == 2, out
@@ -66,7 +76,7 @@ def test_agent_example(monkeypatch, capsys):
 def test_egress_example(capsys):
     """No traffic leaves the host: the first run is refused at the proxy before any lookup, the
     second only prints its placeholder."""
-    exec(compile(BLOCKS[5], "README.md:egress", "exec"), {})
+    exec(compile(BLOCKS[6], "README.md:egress", "exec"), {})
     first, second = capsys.readouterr().out.splitlines()
     assert first.startswith("False example.com:443 is not on this sandbox's allowlist"), first
     assert second == "True"
@@ -84,6 +94,6 @@ def test_coming_from_e2b_example(tmp_path, monkeypatch, capsys):
     with serve_in_thread(create_app(tokens)) as url:
         for name, value in (("E2B_API_URL", url), ("E2B_SANDBOX_URL", url), ("E2B_API_KEY", key)):
             monkeypatch.setenv(name, value)
-        exec(compile(BLOCKS[6], "README.md:e2b", "exec"), {})
+        exec(compile(BLOCKS[7], "README.md:e2b", "exec"), {})
     assert capsys.readouterr().out == "42\nhello\nfrom /home/user\n\n"
     assert our_containers() == []
