@@ -764,12 +764,15 @@ class OCIBackend:
                     break
                 time.sleep(0.01)
         else:
-            argv = self._runtimes.get(runtime, [runtime])
-            subprocess.run(
-                [*argv, "--root", str(self.state / "runtime" / runtime), "delete", "--force", sandbox_id],
-                capture_output=True,
-                timeout=30,
-            )
+            root = self.state / "runtime" / runtime
+            if holder:  # a held interpreter: its own `runsc run` cleans up once its sandbox is killed
+                self._kill_pid_file(self.state / "bundles" / sandbox_id, sandbox_id)
+                wait_for_holder(holder)  # (a `runsc delete` racing it waited ~5 s)
+            if not holder or any(root.glob(f"{sandbox_id}_*")):
+                argv = self._runtimes.get(runtime, [runtime])
+                subprocess.run(
+                    [*argv, "--root", str(root), "delete", "--force", sandbox_id], capture_output=True, timeout=30
+                )
         wait_for_holder(holder)
         for directory in _cgroup_dirs(sandbox_id):  # runc removes them; this is for a crash
             for _ in range(100):  # (and runsc's memory cgroup: its last processes may be exiting)
