@@ -110,6 +110,19 @@ HOST_TMP, HOST_SHM = "tmp", "shm"
 BWRAP = "bwrap"
 
 
+def _remove_cgroup(directory: Path, attempts: int, wait: float) -> bool:
+    """rmdir a cgroup, retrying while it still has tasks; True once it is gone."""
+    for _ in range(attempts):
+        try:
+            directory.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(wait)
+    return False
+
+
 def _remove_tree(path: Path) -> None:
     """rmtree that also survives a file appearing meanwhile (the runtime's last log line); a
     bundle's host tmpfs mounts are detached first (rmtree would only empty them)."""
@@ -362,19 +375,9 @@ class OCIBackend:
         runtime: str = spec.limits.runtime
         if runtime == "runc" and self._bwrap is not None and not self.bwrap_gaps(template):
             runtime = BWRAP
-        sandbox_id = f"sandloop-{uuid.uuid4().hex[:20]}"
-        labels = {**owner_labels(purpose, lifetime_seconds), **dict(spec.labels), RUNTIME_LABEL: runtime}
-        bundles = self.state / "bundles"
-        bundle = bundles / sandbox_id
+        sandbox_id, bundle, config = self.new_config(template, rootfs, spec, purpose, lifetime_seconds, runtime)
         host_tmp = bundle / HOST_TMP if binds_host_tmp(template) else None
-        config = render(
-            template,
-            rootfs=rootfs,
-            hostname_file=self.hostname_file(),
-            cgroups_path=f"/{CGROUP_PARENT}/{sandbox_id}",
-            annotations=labels,
-            host_tmp=host_tmp,
-        )
+        bundles = bundle.parent
         bundles.mkdir(parents=True, exist_ok=True)
         tmp = bundles / f".{sandbox_id}"
         tmp.mkdir(mode=0o700)
@@ -419,6 +422,29 @@ class OCIBackend:
             return subprocess.Popen(argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], start_new_session=True)
 
         return self._start_on_pipes(start, sandbox_id, spec, runtime, bundle)
+
+    def new_config(
+        self,
+        template: Mapping[str, Any],
+        rootfs: Path,
+        spec: SandboxSpec,
+        purpose: str,
+        lifetime_seconds: float,
+        runtime: str,
+    ) -> tuple[str, Path, dict[str, Any]]:
+        """A new sandbox's id, bundle path (not yet made) and config: Docker's, per-run fields filled."""
+        sandbox_id = f"sandloop-{uuid.uuid4().hex[:20]}"
+        labels = {**owner_labels(purpose, lifetime_seconds), **dict(spec.labels), RUNTIME_LABEL: runtime}
+        bundle = self.state / "bundles" / sandbox_id
+        config = render(
+            template,
+            rootfs=rootfs,
+            hostname_file=self.hostname_file(),
+            cgroups_path=f"/{CGROUP_PARENT}/{sandbox_id}",
+            annotations=labels,
+            host_tmp=bundle / HOST_TMP if binds_host_tmp(template) else None,
+        )
+        return sandbox_id, bundle, config
 
     def runtime_argv(self, runtime: str) -> list[str]:
         """How to call ``runtime`` (its path and the arguments the engine registered it with)."""
@@ -737,15 +763,7 @@ class OCIBackend:
         of its PID namespace): remove the empty cgroups and the state directory. Done here it costs
         no process start (a ``runc delete`` is ~3-8 ms of CPU per run). False: use ``runc delete``."""
         for directory in _cgroup_dirs(sandbox.id):
-            for _ in range(40):  # the namespace's last processes may still be exiting
-                try:
-                    directory.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.005)
-            else:
+            if not _remove_cgroup(directory, 40, 0.005):  # its last processes may still be exiting
                 return False
         shutil.rmtree(self.state / "runtime" / sandbox.runtime / sandbox.id, ignore_errors=True)
         _remove_tree(sandbox.bundle)
@@ -775,14 +793,7 @@ class OCIBackend:
                 )
         wait_for_holder(holder)
         for directory in _cgroup_dirs(sandbox_id):  # runc removes them; this is for a crash
-            for _ in range(100):  # (and runsc's memory cgroup: its last processes may be exiting)
-                try:
-                    directory.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.01)
+            _remove_cgroup(directory, 100, 0.01)  # (and runsc's memory cgroup, once its processes exit)
         _remove_tree(self.state / "bundles" / sandbox_id)
 
     def drain(self, timeout: float) -> bool:

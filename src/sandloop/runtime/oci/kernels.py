@@ -28,7 +28,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,8 +38,7 @@ from sandloop.runtime.base import SandboxSpec
 from sandloop.runtime.docker import LiveSandbox
 from sandloop.runtime.docker.stream import SocketChannel
 from sandloop.runtime.docker.workspace import volume_name
-from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL, owner_labels
-from sandloop.runtime.oci.config import render
+from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
 from sandloop.runtime.tmpfs import mount_host_tmpfs
 
 if TYPE_CHECKING:
@@ -135,18 +133,8 @@ class DirectKernels:
         backend = self.backend
         rootfs = backend.store.rootfs(spec.image)
         template = backend.templates.get(replace(spec, volumes=()))
-        sandbox_id = f"sandloop-{uuid.uuid4().hex[:20]}"
-        labels = {**owner_labels(purpose, lifetime_seconds), **dict(spec.labels), f"{LABEL_PREFIX}oci.runtime": "runsc"}
-        bundles = backend.state / "bundles"
-        bundle = bundles / sandbox_id
-        config = render(
-            template,
-            rootfs=rootfs,
-            hostname_file=backend.hostname_file(),
-            cgroups_path=f"/{backend.cgroup_parent}/{sandbox_id}",
-            annotations=labels,
-            host_tmp=bundle / "tmp",
-        )
+        sandbox_id, bundle, config = backend.new_config(template, rootfs, spec, purpose, lifetime_seconds, "runsc")
+        bundles = bundle.parent
         for volume, destination in spec.volumes:  # as Docker binds a named volume
             source = self._workspace_dir(volume)
             config["mounts"].append(
