@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import builtins
 import concurrent.futures
+import contextlib
 import io
 import json
 import math
@@ -64,6 +65,8 @@ from sandloop.sessions.snapshots import (
     memory_backend,
     new_snapshot_id,
     paused_kind,
+    place_file,
+    take_file,
     validate_count,
 )
 from sandloop.sessions.store import SESSION_LABEL, WORKSPACE, SessionRecord
@@ -741,15 +744,17 @@ class Session:
 
     def _save_state(self, dest: Path, on_host: Path) -> builtins.list[str]:
         result = self._kernel.run(SAVE_STATE % f"{WORKSPACE}/{STATE_FILE}", 120, self.limits)
-        produced = on_host / STATE_FILE
+        if result.error is not None:
+            with contextlib.suppress(OSError):
+                (on_host / STATE_FILE).unlink()
+            raise SandboxError(f"could not save the session's Python state: {result.error}")
+        take_file(on_host / STATE_FILE, dest)  # the sandbox's file: never a link followed on the host
         try:
-            if result.error is not None or not produced.is_file():
-                why = result.error or result.stderr[-500:] or "no state file"
-                raise SandboxError(f"could not save the session's Python state: {why}")
-            shutil.move(produced, dest)
-        finally:
-            produced.unlink(missing_ok=True)
-        dropped: builtins.list[str] = json.loads(result.stdout.strip().splitlines()[-1])
+            dropped = json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            dropped = None
+        if not isinstance(dropped, builtins.list) or not all(isinstance(n, str) for n in dropped):
+            raise SandboxError("the interpreter did not say which names it could not keep (was print replaced?)")
         return dropped
 
     def _bring_back(self, directory: Path, kind: str) -> None:
@@ -765,8 +770,8 @@ class Session:
             on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
             if on_host is None:
                 raise SandboxError("this backend keeps workspaces on other hosts")
-            shutil.copy2(directory / "state.pkl", on_host / STATE_FILE)
-            os.chown(on_host / STATE_FILE, *(int(x) for x in self._record_owner().split(":")))
+            uid, gid = (int(x) for x in self._record_owner().split(":"))
+            place_file(directory / "state.pkl", on_host / STATE_FILE, uid, gid)
         else:
             return
         cell = LOAD_STATE % f"{WORKSPACE}/{STATE_FILE}" if kind == "state" else "None"

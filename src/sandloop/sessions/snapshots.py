@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -190,6 +191,50 @@ def copy_files(source: Path, dest: Path) -> None:
         raise SandboxError(f"could not copy the workspace's files: {proc.stderr.strip()[-500:]}")
 
 
+def take_file(source: Path, dest: Path) -> None:
+    """Move a file the sandbox wrote in its workspace out to ``dest`` on the host, never following
+    a link the sandbox may have put there instead (it would name a *host* path here): the file is
+    opened with ``O_NOFOLLOW`` and must be a regular file; its bytes are copied, then it goes.
+
+    Raises:
+        SandboxError: it is missing, a link, or not a regular file.
+    """
+    try:
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            raise SandboxError(
+                f"the sandbox's state file could not be read safely ({exc.strerror}): not kept"
+            ) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SandboxError("the sandbox's state file is not a regular file: not kept")
+            with open(fd, "rb", closefd=False) as src, open(dest, "xb") as out:
+                shutil.copyfileobj(src, out, 1024 * 1024)
+        finally:
+            os.close(fd)
+    finally:
+        with contextlib.suppress(OSError):
+            source.unlink()  # unlink never follows a link
+
+
+def place_file(source: Path, dest: Path, uid: int, gid: int) -> None:
+    """Copy a host file into the workspace as ``dest``, owned by the sandbox's user: whatever the
+    sandbox left at that name (a link to a host path, a directory) is removed first and the file
+    made with ``O_EXCL | O_NOFOLLOW``, so nothing outside the workspace is ever written."""
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+        dest.unlink()
+    if dest.is_dir() and not dest.is_symlink():
+        shutil.rmtree(dest)
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchown(fd, uid, gid)
+        with open(source, "rb") as src, open(fd, "wb", closefd=False) as out:
+            shutil.copyfileobj(src, out, 1024 * 1024)
+    finally:
+        os.close(fd)
+
+
 def paused_kind(session_dir: Path) -> str | None:
     """The kind of the pause a session is in (None: it runs). The ``kind`` file is written last."""
     try:
@@ -232,6 +277,8 @@ __all__ = [
     "memory_backend",
     "new_snapshot_id",
     "paused_kind",
+    "place_file",
     "sweep_paused_staging",
+    "take_file",
     "validate_count",
 ]
