@@ -57,6 +57,16 @@ def test_mcp_over_stdio():
                 assert "value: 42" in _text(js)
                 escape = await client.call_tool("session_read_file", {"session_id": sid, "path": "../../etc/passwd"})
                 assert escape.is_error and "workspace" in _text(escape)
+                await client.call_tool("session_cell", {"session_id": sid, "code": "kept = 41"})
+                paused = await client.call_tool("session_pause", {"session_id": sid})
+                assert "kept its state" in _text(paused), _text(paused)  # runc: the picklable variables
+                [child] = _text(await client.call_tool("session_fork", {"session_id": sid})).split()  # resumes it
+                try:
+                    await client.call_tool("session_cell", {"session_id": child, "code": "kept = 0"})
+                    cell = await client.call_tool("session_cell", {"session_id": sid, "code": "kept + 1"})
+                    assert "value: 42" in _text(cell)
+                finally:
+                    await client.call_tool("session_delete", {"session_id": child})
             finally:
                 await client.call_tool("session_delete", {"session_id": sid})
 

@@ -222,6 +222,36 @@ def create_mcp_server(
             entries = s.list_files(path)
         return _text("\n".join(f"{e['type']:7} {e['size']:>10}  {e['name']}" for e in entries) or "(empty)")
 
+    @server.tool(
+        description="Fork a session: count (1-20) new sessions, each starting as this one is now, with its own "
+        "copy of the workspace and of the interpreter's variables (its whole memory on gVisor). Returns their ids."
+    )
+    @_guarded
+    def session_fork(ctx: Context, session_id: str, count: int = 1) -> CallToolResult:
+        with metered(ctx) as token, session_lock, attach(token, session_id) as s:
+            if token is not None and tokens is not None:
+                live = [r.quota_bytes for r in root.list_sessions() if r.id in tokens.sessions_of(token.id)]
+                for i in range(count if isinstance(count, int) else 1):
+                    check_session_room(token, live + [s.record.quota_bytes] * i, s.record.quota_bytes)
+            children = s.fork(count)
+            for child in children:
+                if token is not None and tokens is not None:
+                    tokens.own(child.id, token.id)
+                child.close()
+        return _text("\n".join(c.id for c in children))
+
+    @server.tool(
+        description="Pause a session: nothing runs and no memory is held until it is used again (any session_ tool "
+        "resumes it). Returns what was kept: memory (gVisor), state (picklable variables) or files."
+    )
+    @_guarded
+    def session_pause(ctx: Context, session_id: str) -> CallToolResult:
+        with metered(ctx) as token:
+            if tokens is not None and (token is None or tokens.owner_of(session_id) != token.id):
+                raise SessionNotFound(f"no session {session_id}")
+            with root.attach_session(session_id, resume=False) as s:
+                return _text(f"paused {session_id}: kept its {s.pause()}")
+
     @server.tool(description="Delete a session and everything in it.")
     @_guarded
     def session_delete(ctx: Context, session_id: str) -> CallToolResult:
