@@ -30,7 +30,7 @@ from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 from sandloop.server.app import create_app
 from sandloop.server.tokens import TokenStore
-from tests.helpers import our_containers
+from tests.helpers import OCI_BUNDLES, our_containers
 from tests.servers import e2b_environment, serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -322,11 +322,22 @@ def test_isolation_holds_under_gvisor(server, tmp_path, runtime):
 
                 client = docker.from_env()
                 try:
-                    (kernel,) = client.containers.list(filters={"label": f"{SESSION_LABEL}={s.sandbox_id}"})
-                    host = kernel.attrs["HostConfig"]
+                    kernels = client.containers.list(filters={"label": f"{SESSION_LABEL}={s.sandbox_id}"})
                 finally:
                     client.close()
-                assert host["Runtime"].startswith(runtime) and host["Memory"] == 256 * 2**20
+                if kernels:  # through Docker
+                    host = kernels[0].attrs["HostConfig"]
+                    runtime_used, memory = host["Runtime"], host["Memory"]
+                else:  # gVisor's interpreters start under runsc directly (runtime/oci/kernels.py)
+                    configs = [
+                        json.loads(c.read_text())
+                        for c in Path(OCI_BUNDLES).glob("*/config.json")
+                        if s.sandbox_id in c.read_text()
+                    ]
+                    (config,) = [c for c in configs if c["annotations"].get(SESSION_LABEL) == s.sandbox_id]
+                    runtime_used = config["annotations"]["sandloop.oci.runtime"]
+                    memory = config["linux"]["resources"]["memory"]["limit"]
+                assert runtime_used.startswith(runtime) and memory == 256 * 2**20
                 if runtime == "runc":  # and from inside, where the cgroup files are visible
                     limit = s.commands.run(
                         "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max"

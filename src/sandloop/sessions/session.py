@@ -244,10 +244,13 @@ class Session:
         root.sessions.ensure_workspace(record)
         root.sessions.touch(record)
         session = cls(root=root, _record=record)
-        with session._kernel.locked():
-            session._recover()
-            if resume and session.paused:  # attaching is using it: a paused session resumes
-                session.resume()
+        # Only a session paused (or one whose pause was cut short) needs the kernel's lock here:
+        # taking it on every attach would wait for whatever cell another caller is running.
+        if session.paused or (session._home / f".{PAUSED}").exists():
+            with session._kernel.locked():
+                session._recover()
+                if resume and session.paused:  # attaching is using it: a paused session resumes
+                    session.resume()
         return session
 
     @classmethod
