@@ -233,6 +233,44 @@ def test_a_session_notebook_with_files_survives_a_reload(page, tmp_path):
     expect(page.locator("#session-id")).to_have_text("none", timeout=60_000)
 
 
+def test_a_session_pauses_resumes_and_forks_from_its_buttons(page, tmp_path):
+    expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-"), timeout=60_000)
+    page.click("#new-session")
+    expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-[0-9a-f]+$"), timeout=60_000)
+    sid = page.inner_text("#session-id")
+    set_code(page, 0, "kept = 41\nkept")
+    page.locator(".cell").nth(0).locator(".run").click()
+    expect(page.locator(".cell").nth(0).locator(".value")).to_have_text("41", timeout=60_000)
+    page.click("#pause-session")
+    expect(page.locator("#session-id")).to_have_text(f"{sid} (paused: state kept)", timeout=60_000)  # runc
+    expect(page.locator("#pause-session")).to_have_text("Resume")
+    expect(page.locator("#sessions li.current")).to_contain_text("paused")
+    shot(page, tmp_path, "playground-paused")
+    page.click("#pause-session")
+    expect(page.locator("#session-id")).to_have_text(sid, timeout=60_000)
+    set_code(page, 0, "kept + 1")
+    page.locator(".cell").nth(0).locator(".run").click()
+    expect(page.locator(".cell").nth(0).locator(".value")).to_have_text("42", timeout=60_000)
+    page.click("#fork-session")
+    expect(page.locator("#session-id")).not_to_have_text(sid, timeout=60_000)
+    expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-[0-9a-f]+$"), timeout=60_000)
+    assert "kept + 1" in page.locator(".cell").nth(0).inner_text()  # the notebook went with the fork
+    set_code(page, 0, "kept = 0\nkept")
+    page.locator(".cell").nth(0).locator(".run").click()
+    expect(page.locator(".cell").nth(0).locator(".value")).to_have_text("0", timeout=60_000)
+    shot(page, tmp_path, "playground-forked")
+    page.accept_dialogs = True
+    page.click("#delete-session")
+    expect(page.locator("#session-id")).to_have_text("none", timeout=60_000)
+    page.locator("#sessions li", has_text=sid).locator("button").click()  # the parent kept its own
+    expect(page.locator("#session-id")).to_have_text(sid, timeout=30_000)
+    set_code(page, 0, "kept")
+    page.locator(".cell").nth(0).locator(".run").click()
+    expect(page.locator(".cell").nth(0).locator(".value")).to_have_text("41", timeout=60_000)
+    page.click("#delete-session")
+    expect(page.locator("#session-id")).to_have_text("none", timeout=60_000)
+
+
 def test_the_page_stacks_on_a_phone(page, tmp_path):
     page.set_viewport_size({"width": 390, "height": 844})
     main, aside = page.locator("main").bounding_box(), page.locator("aside").bounding_box()

@@ -301,9 +301,13 @@ $("add-cell").addEventListener("click", () => addCell("").cm.focus());
 $("run-all").addEventListener("click", async () => { for (const c of cells.slice()) await runCell(c); });
 
 // -- sessions ---------------------------------------------------------------------------------
+let paused = {}; // session id -> what its pause kept ("memory", "state", "files"), from the list
+
 function showSession() {
-  $("session-id").textContent = session || "none";
+  $("session-id").textContent = session ? (paused[session] ? `${session} (paused: ${paused[session]} kept)` : session) : "none";
   $("delete-session").disabled = $("detach-session").disabled = !session;
+  $("pause-session").disabled = $("fork-session").disabled = !session;
+  $("pause-session").textContent = session && paused[session] ? "Resume" : "Pause";
   $("mode").textContent = session
     ? `Session ${session}: each language keeps one interpreter (python, node and bash variables persist); files are in /workspace.`
     : "No session: each cell runs once in a fresh sandbox, its output streaming in. Create a session to keep state and files.";
@@ -338,10 +342,13 @@ async function refreshSessions() {
   list.innerHTML = "";
   let mine = [];
   try { mine = await api("GET", "/v1/sessions"); } catch (e) { list.append(el("li", { className: "bad", textContent: e.message })); return; }
+  paused = {};
   for (const s of mine) {
+    if (s.paused) paused[s.id] = s.paused;
     const open = el("button", { className: "plain", textContent: "open" });
     open.addEventListener("click", () => attach(s.id));
-    const li = el("li", {}, el("span", { textContent: `${s.id} · ${Math.round(s.quota_bytes / 1048576)}m` }), open);
+    const label = `${s.id} · ${Math.round(s.quota_bytes / 1048576)}m${s.paused ? " · paused" : ""}`;
+    const li = el("li", {}, el("span", { textContent: label }), open);
     li.dataset.id = s.id;
     list.append(li);
   }
@@ -365,6 +372,29 @@ $("new-session").addEventListener("click", async () => {
   }
 });
 $("detach-session").addEventListener("click", () => attach(null));
+// Pause keeps the interpreter's memory on gVisor, its picklable variables on runc; resume brings them back.
+$("pause-session").addEventListener("click", async () => {
+  if (!session) return;
+  const button = $("pause-session");
+  button.disabled = true;
+  try {
+    await api("POST", `/v1/sessions/${session}/${paused[session] ? "resume" : "pause"}`);
+  } catch (e) { $("session-id").textContent = e.message; }
+  await refreshSessions();
+});
+// A fork starts as this session is now (its files and variables copied); the notebook goes with it.
+$("fork-session").addEventListener("click", async () => {
+  if (!session) return;
+  $("fork-session").disabled = true;
+  try {
+    const [child] = await api("POST", `/v1/sessions/${session}/fork`, { count: 1 });
+    saveCells();
+    const notebook = localStorage.getItem(cellsKey());
+    if (notebook) localStorage.setItem("sandloop-cells:" + child.id, notebook);
+    attach(child.id);
+  } catch (e) { $("session-id").textContent = e.message; }
+  await refreshSessions();
+});
 $("delete-session").addEventListener("click", async () => {
   if (!session) return;
   const id = session;
