@@ -239,3 +239,21 @@ def test_a_process_killed_mid_pause_leaves_the_session_running_or_paused_never_n
     assert again.paused is None
     assert again.run_cell("kept + 1").value == "42"
     assert not (home / ".paused").exists()
+
+
+@pytest.mark.runsc
+def test_a_process_killed_mid_resume_leaves_the_session_resumable(gvisor_session):
+    s = gvisor_session
+    s.run_cell("kept = 41")
+    s.pause()
+    code = f"from sandloop.sessions import Session; Session.attach({s.id!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    # killed once its restore has begun (the restored interpreter's bundle exists), or after it is done
+    while not direct_interpreters(s.id) and proc.poll() is None:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    again = Session.attach(s.id)  # the restore went on in its own holder, or starts again
+    assert again.paused is None
+    assert again.run_cell("kept + 1").value == "42"
+    assert len(direct_interpreters(s.id)) == 1

@@ -790,17 +790,22 @@ class Session:
         """A pause cut short by a killed process: promote a whole memory checkpoint whose
         interpreter is gone (else the session would lose it), drop anything else half-made."""
         staged = self._home / f".{PAUSED}"
-        if not staged.exists():
-            return
-        memory = memory_backend(self._root.backend)
-        whole = memory is not None and (staged / "memory").is_dir() and memory.checkpoint_whole(staged / "memory")
-        if whole and self._kernel.running() is None:
-            (staged / "kind").write_text("memory")
-            os.rename(staged, self._home / PAUSED)
-        else:
-            shutil.rmtree(staged, ignore_errors=True)
-        if self.paused and self._kernel.running() is not None:  # a resume that got this far
-            shutil.rmtree(self._home / PAUSED, ignore_errors=True)
+        if staged.exists():
+            memory = memory_backend(self._root.backend)
+            whole = memory is not None and (staged / "memory").is_dir() and memory.checkpoint_whole(staged / "memory")
+            if whole and self._kernel.running() is None:
+                (staged / "kind").write_text("memory")
+                os.rename(staged, self._home / PAUSED)
+            else:
+                shutil.rmtree(staged, ignore_errors=True)
+        # A resume cut short after its interpreter started: a restored one (its holder restores on)
+        # is the session, running; a fresh one whose state was not loaded yet goes, to be resumed again.
+        kind = self.paused
+        if kind and self._kernel.running() is not None:
+            if kind == "memory":
+                shutil.rmtree(self._home / PAUSED, ignore_errors=True)
+            else:
+                self._kernel.shutdown()
 
     # -- end ---------------------------------------------------------------------------------------
     def close(self) -> None:
