@@ -113,3 +113,16 @@ def test_fork_gives_sandboxes_with_their_own_copy(server):
                     f.kill()
     finally:
         s.kill()
+
+
+def test_a_filesystem_only_pause_keeps_the_files_and_starts_cold(server):
+    s = Sandbox.create(timeout=300)
+    try:
+        s.run_code("x = 1")
+        s.files.write("/home/user/kept.txt", "kept")
+        s.pause(keep_memory=False)
+        again = Sandbox.connect(s.sandbox_id)
+        assert again.run_code("'x' in globals()").text == "False"  # a cold start: memory not kept
+        assert again.files.read("/home/user/kept.txt") == "kept"
+    finally:
+        s.kill()

@@ -572,9 +572,10 @@ class Session:
         """How the session is paused ("memory", "state" or "files"), or None while it runs."""
         return paused_kind(self._home)
 
-    def pause(self) -> str:
+    def pause(self, *, keep_memory: bool = True) -> str:
         """Stop the session's interpreter and keep what it had: its memory where the backend can
         (gVisor on the direct backend), else its picklable Python state; the workspace stays.
+        ``keep_memory=False`` keeps the files only (E2B's filesystem-only pause: a cold start).
         Nothing runs and no memory is held until ``resume`` (or ``Session.attach``). A cell in
         flight finishes (or times out) first. Returns the kind kept ("memory", "state", "files").
 
@@ -590,7 +591,7 @@ class Session:
             shutil.rmtree(staged, ignore_errors=True)
             staged.mkdir(mode=0o700)
             try:
-                kind, dropped = self._keep(staged, keep_running=False)
+                kind, dropped = self._keep(staged, keep_running=False, files_only=not keep_memory)
                 (staged / "dropped.json").write_text(json.dumps(dropped))
                 (staged / "kind").write_text(kind)
                 os.rename(staged, self._home / PAUSED)
@@ -719,7 +720,7 @@ class Session:
             raise
         return session
 
-    def _keep(self, directory: Path, *, keep_running: bool) -> tuple[str, builtins.list[str]]:
+    def _keep(self, directory: Path, *, keep_running: bool, files_only: bool = False) -> tuple[str, builtins.list[str]]:
         """Write what the session has into ``directory``: its memory or state, and (for a
         snapshot, ``keep_running``) a copy of its workspace's files. Under the kernel's lock."""
         on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
@@ -728,8 +729,10 @@ class Session:
         kernel = self._kernel.running()
         dropped: builtins.list[str] = []
         memory = memory_backend(self._root.backend)
-        if kernel is None:
+        if kernel is None or files_only:
             kind = "files"
+            if kernel is not None and not keep_running:
+                self._kernel.shutdown()
         elif memory is not None and memory.checkpoint_problem(kernel) is None:
             memory.checkpoint(kernel, directory / "memory")
             self._kernel.forget()

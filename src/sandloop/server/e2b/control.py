@@ -23,8 +23,9 @@ from sandloop.server.errors import error_for
 from sandloop.server.models import LimitsIn
 from sandloop.server.quota import QuotaError, check_session_room, check_snapshot_room
 
-#: Every /sandboxes... and /v<N>/sandboxes... path is the control plane's, whatever headers say.
-CONTROL_PATH = re.compile(r"^/(v\d+/)?sandboxes(/|$)")
+#: Every /sandboxes... and /snapshots... path (and /v<N>/...) is the control plane's, whatever
+#: headers say.
+CONTROL_PATH = re.compile(r"^/((v\d+/)?sandboxes|snapshots)(/|$)")
 DEFAULT_TIMEOUT = 15  # E2B's, for a body that names none
 WORKSPACE_QUOTA = "1g"
 #: Options sandloop does not honour: refused with a reason instead of silently ignored.
@@ -126,7 +127,9 @@ def control_routes(e2b: E2B) -> APIRouter:
         template = body.get("templateID") or "base"
         if not isinstance(template, str):
             raise E2BError(400, "templateID must be a string")
-        on_timeout = "pause" if body.get("autoPause") is True else "kill"
+        on_timeout = "kill"
+        if body.get("autoPause") is True:  # autoPauseMemory false: E2B's filesystem-only pause
+            on_timeout = "pause-files" if body.get("autoPauseMemory") is False else "pause"
         auto_resume = _asks_for(body.get("autoResume"))
         if template.startswith("snap-"):  # a snapshot of one of this key's sandboxes
             return from_snapshot(token, template, body, on_timeout, auto_resume)
@@ -214,13 +217,19 @@ def control_routes(e2b: E2B) -> APIRouter:
         return box
 
     @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
-    def pause(sandbox_id: str, token: Auth) -> Response:
-        """Stop it, keeping its memory (gVisor) or its Python state (runc); 409 when paused."""
-        e2b.mine(token, sandbox_id)
-        if e2b.paused(sandbox_id):
-            raise E2BError(409, f"sandbox {sandbox_id} is already paused")
-        with api.rates.use(token):
-            e2b.pause(sandbox_id)
+    async def pause(sandbox_id: str, request: Request, token: Auth) -> Response:
+        """Stop it, keeping its memory (gVisor) or its Python state (runc), or with
+        ``{"memory": false}`` its files only; 409 when paused."""
+        body = await body_of(request)
+
+        def work() -> None:
+            e2b.mine(token, sandbox_id)
+            if e2b.paused(sandbox_id):
+                raise E2BError(409, f"sandbox {sandbox_id} is already paused")
+            with api.rates.use(token):
+                e2b.pause(sandbox_id, keep_memory=body.get("memory") is not False)
+
+        await run_in_threadpool(work)
         return Response(status_code=204)
 
     @router.post("/sandboxes/{sandbox_id}/resume", status_code=201)

@@ -166,7 +166,7 @@ class Registry:
             self._db.commit()
 
     def lifecycle(self, sandbox_id: str) -> tuple[str, bool]:
-        """(on_timeout: "kill" or "pause", auto_resume)."""
+        """(on_timeout: "kill", "pause" or "pause-files" (memory not kept), auto_resume)."""
         with self._lock:
             row = self._db.execute("SELECT * FROM e2b_lifecycle WHERE sandbox_id = ?", (sandbox_id,)).fetchone()
         return ("kill", False) if row is None else (row["on_timeout"], bool(row["auto_resume"]))

@@ -238,9 +238,10 @@ class E2B:
         ``lifecycle.on_timeout="pause"``); a paused one waits, as E2B's do. True: it is gone."""
         if self.paused(sandbox_id):
             return False
-        if self.registry.lifecycle(sandbox_id)[0] == "pause":
+        on_timeout = self.registry.lifecycle(sandbox_id)[0]
+        if on_timeout in ("pause", "pause-files"):
             try:
-                self.pause(sandbox_id)
+                self.pause(sandbox_id, keep_memory=on_timeout == "pause")
                 return False
             except SessionNotPaused:  # another thread (the reaper, a request) paused it first
                 return False
@@ -249,8 +250,8 @@ class E2B:
         self.kill(sandbox_id)
         return True
 
-    def pause(self, sandbox_id: str) -> str:
-        kind = self.session(sandbox_id).pause()
+    def pause(self, sandbox_id: str, *, keep_memory: bool = True) -> str:
+        kind = self.session(sandbox_id).pause(keep_memory=keep_memory)
         with self._lock:
             self._followers.pop(sandbox_id, None)  # its processes' output ends here
         return kind
