@@ -152,3 +152,33 @@ def _exists(client, container_id: str) -> bool:
 def test_a_bad_limit_or_language_is_a_usage_error(args):
     r = sandloop(*args)
     assert r.returncode == 2 and b"Traceback" not in r.stderr and b"sandloop:" in r.stderr, r.stderr
+
+
+def test_session_pause_resume_fork_and_snapshots_from_the_command_line():
+    sid = sandloop("session", "create", "--ttl", "300", "--quota", "16m").stdout.decode().strip()
+    made = [sid]
+    try:
+        assert sandloop("session", "cell", sid, "-c", "kept = 41").returncode == 0
+        r = sandloop("session", "pause", sid)
+        assert r.returncode == 0 and b"kept its picklable Python variables" in r.stdout, r
+        assert b"paused" in sandloop("session", "ls").stdout
+        again = sandloop("session", "pause", sid)
+        assert again.returncode != 0 and b"already paused" in again.stderr, again
+        assert sandloop("session", "resume", sid).returncode == 0
+        child = sandloop("session", "fork", sid).stdout.decode().strip()
+        made.append(child)
+        assert child.startswith("s-") and child != sid
+        assert sandloop("session", "cell", child, "-c", "kept + 1").stdout.decode().strip() == "42"
+        snap = sandloop("session", "snapshot", sid, "--name", "forty-one").stdout.decode().strip()
+        assert snap.startswith("snap-")
+        listed = sandloop("session", "snapshots", sid).stdout
+        assert snap.encode() in listed and b"forty-one" in listed and b"state" in listed
+        other = sandloop("session", "from-snapshot", snap).stdout.decode().strip()
+        made.append(other)
+        assert sandloop("session", "cell", other, "-c", "kept").stdout.decode().strip() == "41"
+        assert sandloop("session", "snapshot-rm", snap).returncode == 0
+        gone = sandloop("session", "snapshot-rm", snap)
+        assert gone.returncode != 0 and b"no snapshot" in gone.stderr, gone
+    finally:
+        for s in made:
+            sandloop("session", "rm", s)

@@ -86,11 +86,15 @@ def session_ls() -> None:
     """List live sessions."""
     import datetime
 
+    from sandloop.root import default_root
     from sandloop.sessions import Session
+    from sandloop.sessions.snapshots import paused_kind
 
-    table = Table("id", "quota", "enforced", "runtime", "idle for", "expires")
+    table = Table("id", "quota", "enforced", "runtime", "idle for", "expires", "state")
     now = datetime.datetime.now().timestamp()
+    sessions_dir = default_root().sessions.root
     for r in Session.list():
+        paused = paused_kind(sessions_dir / r.id)
         expires = datetime.datetime.fromtimestamp(r.expires_at).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(
             r.id,
@@ -98,7 +102,8 @@ def session_ls() -> None:
             str(r.quota_enforced),
             r.limits.get("runtime", "runc"),
             f"{now - r.last_used:.0f}s",
-            expires,
+            "-" if paused else expires,  # a paused session's idle clock stops
+            f"paused ({paused})" if paused else "running",
         )
     out.print(table)
 
