@@ -100,6 +100,8 @@ def session_snapshots(
 
     configure(_one_call_settings())
     table = Table("id", "session", "name", "kind", "size", "made", "not kept")
+    for column in table.columns[:4]:  # ids and names are copied from here: never wrapped
+        column.no_wrap = True
     for r in Session.snapshots(session_id):
         made = datetime.datetime.fromtimestamp(r.created).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(r.id, r.session_id, r.name, r.kind, f"{r.size_bytes >> 20}m", made, ", ".join(r.dropped))
