@@ -91,6 +91,7 @@ def session_ls() -> None:
     from sandloop.sessions.snapshots import paused_kind
 
     table = Table("id", "quota", "enforced", "runtime", "idle for", "expires", "state")
+    table.columns[0].no_wrap = True  # ids are copied from here
     now = datetime.datetime.now().timestamp()
     sessions_dir = default_root().sessions.root
     for r in Session.list():

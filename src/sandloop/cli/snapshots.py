@@ -11,6 +11,7 @@ from rich.table import Table
 from sandloop.cli.common import _fail_for, out, session_app
 from sandloop.cli.session import _one_call_settings, _session
 from sandloop.contract import SandboxError
+from sandloop.sessions.snapshots import validate_count
 
 if TYPE_CHECKING:
     from sandloop.sessions import Session
@@ -34,28 +35,29 @@ def _attached(session_id: str) -> Session:
         raise _fail_for(exc) from None
 
 
+def _pause_or_resume(session_id: str, verb: str) -> None:
+    s = _attached(session_id)
+    try:
+        kind = s.pause() if verb == "pause" else s.resume()
+    except SandboxError as exc:
+        raise _fail_for(exc) from None
+    out.print(
+        f"paused {session_id}: kept {KEPT[kind]}" if verb == "pause" else f"resumed {session_id} with {KEPT[kind]}"
+    )
+
+
 @session_app.command("pause")
 def session_pause(session_id: Annotated[str, typer.Argument(help="The session's id.")]) -> None:
     """Pause a session: nothing runs and no memory is held until it resumes (`session resume`,
     or any command that uses it). gVisor sessions keep their memory; runc sessions their
     picklable Python state."""
-    s = _attached(session_id)
-    try:
-        kind = s.pause()
-    except SandboxError as exc:
-        raise _fail_for(exc) from None
-    out.print(f"paused {session_id}: kept {KEPT[kind]}")
+    _pause_or_resume(session_id, "pause")
 
 
 @session_app.command("resume")
 def session_resume(session_id: Annotated[str, typer.Argument(help="The session's id.")]) -> None:
     """Resume a paused session as it was."""
-    s = _attached(session_id)
-    try:
-        kind = s.resume()
-    except SandboxError as exc:
-        raise _fail_for(exc) from None
-    out.print(f"resumed {session_id} with {KEPT[kind]}")
+    _pause_or_resume(session_id, "resume")
 
 
 @session_app.command("fork")
@@ -65,6 +67,10 @@ def session_fork(
 ) -> None:
     """New sessions, each starting as this one is now, with their own workspace and memory;
     prints their ids."""
+    try:
+        validate_count(count)  # before attaching: a bad count must not resume a paused session
+    except SandboxError as exc:
+        raise _fail_for(exc) from None
     s = _session(session_id)
     try:
         children = s.fork(count)

@@ -244,13 +244,6 @@ def paused_kind(session_dir: Path) -> str | None:
     return kind if kind in KINDS else None
 
 
-def sweep_paused_staging(session_dir: Path) -> None:
-    """A pause cut short (its process killed) leaves the session running: drop its staging."""
-    staged = session_dir / f".{PAUSED}"
-    if staged.exists():
-        shutil.rmtree(staged, ignore_errors=True)
-
-
 def describe(record: SnapshotRecord) -> dict[str, Any]:
     """A snapshot as the front ends show it."""
     out = asdict(record)
@@ -278,7 +271,6 @@ __all__ = [
     "new_snapshot_id",
     "paused_kind",
     "place_file",
-    "sweep_paused_staging",
     "take_file",
     "validate_count",
 ]

@@ -20,6 +20,7 @@ resumed, or a fork with its own copy.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -64,6 +65,12 @@ def is_kernel_spec(spec: SandboxSpec) -> bool:
 def host_facts(image_id: str) -> dict[str, str]:
     """What a memory image is only valid with: the runsc that wrote it, the image its root file
     system came from, and the CPU (a restored program may use every instruction the old one had)."""
+    return {**_machine_facts(), "image": image_id}
+
+
+@functools.cache
+def _machine_facts() -> dict[str, str]:
+    """runsc's version and the CPU, read once per process (a runsc start per checkpoint was not needed)."""
     version = subprocess.run(["runsc", "--version"], capture_output=True, text=True, check=False).stdout
     cpu = ""
     with contextlib.suppress(OSError):
@@ -72,11 +79,7 @@ def host_facts(image_id: str) -> dict[str, str]:
                 cpu += line.split(":", 1)[1].strip() + "\n"
             if line.strip() == "":
                 break
-    return {
-        "runsc": version.splitlines()[0] if version else "",
-        "image": image_id,
-        "cpu": hashlib.sha256(cpu.encode()).hexdigest()[:16],
-    }
+    return {"runsc": version.splitlines()[0] if version else "", "cpu": hashlib.sha256(cpu.encode()).hexdigest()[:16]}
 
 
 class DirectKernels:
