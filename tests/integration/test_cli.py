@@ -182,3 +182,5 @@ def test_session_pause_resume_fork_and_snapshots_from_the_command_line():
     finally:
         for s in made:
             sandloop("session", "rm", s)
+        if "snap" in locals():  # a failed assertion must not leave its snapshot behind
+            sandloop("session", "snapshot-rm", snap)
