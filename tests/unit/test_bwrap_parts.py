@@ -3,6 +3,8 @@ line it makes, what it refuses to translate, and the seccomp program it compiles
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,63 @@ def test_tmpfs_options_and_flags_come_from_the_config():
     assert bwrap._tmpfs_data(tmp) == "size=1024,mode=1777"
     assert bwrap._tmpfs_flags(tmp) == 2 | 4 | 8
     assert bwrap._tmpfs_flags({"options": []}) == 0
+
+
+PROBE_IDS = [
+    "/bin/sh",
+    "-c",
+    "id -u; id -g; id -G; ulimit -Sn; ulimit -Hn; grep -E '^(Uid|Gid|Groups):' /proc/self/status",
+]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user needs root")
+def test_exec_as_gives_what_prlimit_and_setpriv_give(tmp_path):
+    """One exec (exec_as.c, compiled on first use) in place of util-linux's two: the same user,
+    groups and limits, seen by the program they start."""
+    helper = bwrap.exec_helper(tmp_path / "bin")
+    if helper is None:
+        pytest.skip("no C compiler here: prlimit and setpriv start bwrap sandboxes")
+    assert bwrap.exec_helper(tmp_path / "bin") == helper  # compiled once
+    assert [p.name for p in (tmp_path / "bin").iterdir()] == [Path(helper).name]  # no temporary left
+    config = {
+        **CONFIG,
+        "process": {**CONFIG["process"], "user": {"uid": 65534, "gid": 65534, "additionalGids": [65534, 4]}},
+    }
+    config["process"]["rlimits"] = [{"type": "RLIMIT_NOFILE", "soft": 100, "hard": 200}]
+    via_helper = subprocess.run([*bwrap.privileges(config, helper), *PROBE_IDS], capture_output=True, text=True)
+    via_util_linux = subprocess.run([*bwrap.privileges(config), *PROBE_IDS], capture_output=True, text=True)
+    assert via_helper.returncode == 0, via_helper.stderr
+    assert via_helper.stdout == via_util_linux.stdout
+    assert via_helper.stdout.split("\n")[:5] == ["65534", "65534", "65534 4", "100", "200"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user needs root")
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["x", "1", "1", "--", "/bin/true"], "bad uid x"),
+        (["1", "1", "1", "7=5", "--", "/bin/true"], "bad limit 7=5"),
+        (["1", "1", "1", "99=5:5", "--", "/bin/true"], "bad resource 99"),
+        (["1", "1", "1", "--", "true"], "no absolute PROGRAM"),
+        (["65534", "65534", "65534", "--", "/no/such/program"], "cannot execute /no/such/program"),
+    ],
+)
+def test_exec_as_refuses_bad_input_before_anything_runs(tmp_path, args, said):
+    helper = bwrap.exec_helper(tmp_path / "bin")
+    if helper is None:
+        pytest.skip("no C compiler here")
+    done = subprocess.run([helper, *args], capture_output=True, text=True)
+    assert done.returncode == 125 and said in done.stderr, done.stderr
+
+
+def test_without_a_compiler_prlimit_and_setpriv_are_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name: None)
+    assert bwrap.exec_helper(tmp_path / "none") is None
+    assert bwrap.privileges(CONFIG, None)[:2] == [bwrap.PRLIMIT, "--nofile=1024:1024"]
+    broken = tmp_path / "broken.c"
+    broken.write_text("int main( {")
+    monkeypatch.undo()
+    monkeypatch.setattr(bwrap, "EXEC_AS_SOURCE", broken)
+    if bwrap.shutil.which("cc") or bwrap.shutil.which("gcc"):
+        assert bwrap.exec_helper(tmp_path / "bin") is None  # a failed compile: said, nothing left
+        assert list((tmp_path / "bin").iterdir()) == []

@@ -73,7 +73,16 @@ def test_limits_with_egress_or_too_little_memory_get_no_warm_session(fake):
     assert not fake.reserves.prewarm(SandboxLimits(memory="128m"), parse_size(QUOTA), OWNER)
 
 
-def test_a_kind_whose_warm_sessions_cannot_start_gets_none(fake, monkeypatch):
+@pytest.fixture
+def fake3(tmp_path):
+    """Three warm sessions a kind: the first refill is three starts at once (MAX_FAILURES), where
+    one a kind is one start per upkeep tick (10 s each)."""
+    with Sandloop(Settings(backend="fake", home=tmp_path, pool_size=0, session_pool_size=3)) as root:
+        yield root
+
+
+def test_a_kind_whose_warm_sessions_cannot_start_gets_none(fake3, monkeypatch):
+    fake = fake3
     launch = fake.backend.launch
 
     def broken(spec, *, purpose, lifetime_seconds):

@@ -482,6 +482,7 @@ class OCIBackend:
                 cgroup_parent=CGROUP_PARENT,
                 sandbox_id=sandbox_id,
                 stdio=stdio,
+                exec_as=bwrap.exec_helper(self.state / "bin"),
             )
 
         return self._start_on_pipes(start, sandbox_id, spec, BWRAP, bundle)

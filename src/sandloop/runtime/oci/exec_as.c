@@ -1,0 +1,85 @@
+/* exec-as: become an unprivileged user with resource limits, then exec a program.
+ *
+ * What util-linux's `prlimit --RES=SOFT:HARD ... -- setpriv --reuid --regid --groups -- PROGRAM`
+ * does for a bwrap sandbox (runtime/oci/bwrap.py), in one exec instead of two (~1.4 ms less CPU
+ * per sandbox, measured). Compiled on first use by bwrap.py; without a C compiler the two
+ * util-linux programs are used instead.
+ *
+ *   exec-as UID GID GROUPS [RESOURCE=SOFT:HARD ...] -- PROGRAM [ARG ...]
+ *
+ * GROUPS is a comma-separated list of gids (the supplementary groups); RESOURCE is a Linux
+ * RLIMIT_* number, SOFT and HARD decimal or "inf". Limits are set first (as root: they may be
+ * raised), then the groups, the gid and the uid; the change is checked (every uid and gid is the
+ * new one, and uid 0 cannot be had back) before PROGRAM (an absolute path) is executed. Any
+ * failure exits 125 with the reason on stderr, before anything runs.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <grp.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#define MAX_GROUPS 64
+
+static void die(const char *what, const char *arg) {
+    fprintf(stderr, "exec-as: %s%s%s: %s\n", what, arg ? " " : "", arg ? arg : "", errno ? strerror(errno) : "invalid");
+    exit(125);
+}
+
+static unsigned long long number(const char *text, unsigned long long max, const char *what) {
+    char *end;
+    if (strcmp(text, "inf") == 0)
+        return RLIM_INFINITY;
+    errno = 0;
+    unsigned long long value = strtoull(text, &end, 10);
+    if (errno || end == text || *end || text[0] == '-' || value > max)
+        die(what, text);
+    return value;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 6)
+        die("usage: exec-as UID GID GROUPS [RES=SOFT:HARD ...] -- PROGRAM [ARG ...]", NULL);
+    uid_t uid = (uid_t)number(argv[1], UINT_MAX - 1, "bad uid");
+    gid_t gid = (gid_t)number(argv[2], UINT_MAX - 1, "bad gid");
+    gid_t groups[MAX_GROUPS];
+    size_t ngroups = 0;
+    char *list = argv[3], *item;
+    while ((item = strsep(&list, ",")) != NULL) {
+        if (ngroups == MAX_GROUPS)
+            die("too many groups", argv[3]);
+        groups[ngroups++] = (gid_t)number(item, UINT_MAX - 1, "bad group");
+    }
+    int i = 4;
+    for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        char *spec = argv[i], *eq = strchr(spec, '='), *colon = eq ? strchr(eq, ':') : NULL;
+        if (!eq || !colon)
+            die("bad limit", spec);
+        *eq = *colon = '\0';
+        struct rlimit limit = {number(eq + 1, ULLONG_MAX, "bad soft limit"), number(colon + 1, ULLONG_MAX, "bad hard limit")};
+        if (setrlimit((int)number(spec, RLIMIT_NLIMITS - 1, "bad resource"), &limit) != 0)
+            die("setrlimit", spec);
+    }
+    if (i + 1 >= argc || argv[i + 1][0] != '/')
+        die("no absolute PROGRAM after --", NULL);
+    if (setgroups(ngroups, groups) != 0)
+        die("setgroups", argv[3]);
+    if (setresgid(gid, gid, gid) != 0)
+        die("setresgid", argv[2]);
+    if (setresuid(uid, uid, uid) != 0)
+        die("setresuid", argv[1]);
+    uid_t r, e, s;
+    gid_t gr, ge, gs;
+    if (getresuid(&r, &e, &s) || getresgid(&gr, &ge, &gs) || r != uid || e != uid || s != uid || gr != gid ||
+        ge != gid || gs != gid || (uid != 0 && setuid(0) == 0)) {
+        errno = 0;
+        die("the user did not change", argv[1]);
+    }
+    execv(argv[i + 1], argv + i + 1);
+    die("cannot execute", argv[i + 1]);
+    return 125;
+}
