@@ -28,7 +28,7 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
         info = root.info()
     except SandboxError as exc:
         return [Check(f"{root.backend.name} engine", "missing", str(exc))]
-    own_line = ("direct runs", "through Docker", "runc-class started by")  # shown as their own checks below
+    own_line = ("direct runs", "through Docker", "runc-class started by", "needs Docker")  # their own checks below
     extra = ", ".join(f"{k} {v}" for k, v in info.details.items() if k not in own_line)
     checks = [Check(f"{info.name} engine", "ok", f"{info.version} ({extra})" if extra else info.version)]
     direct = info.details.get("direct runs")
@@ -36,6 +36,8 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
         off = direct.startswith("off")
         detail = f"{direct}; through Docker: {info.details.get('through Docker', '?')} (docs/runtimes.md)"
         checks.append(Check("direct runs", "off" if off else "ok", detail, essential=False))
+        if info.details.get("needs Docker"):
+            checks.append(Check("needs Docker", "ok", info.details["needs Docker"], essential=False))
         starter = info.details.get("runc-class started by", "runc")
         if not off:
             missing = "not installed" in starter

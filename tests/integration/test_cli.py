@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 
@@ -184,3 +185,19 @@ def test_session_pause_resume_fork_and_snapshots_from_the_command_line():
             sandloop("session", "rm", s)
         if "snap" in locals():  # a failed assertion must not leave its snapshot behind
             sandloop("session", "snapshot-rm", snap)
+
+
+def test_doctor_says_what_runs_directly_and_what_still_needs_docker():
+    r = subprocess.run(
+        [sys.executable, "-m", "sandloop", "doctor", "--no-smoke"],
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "400"},  # one line a check
+    )
+    out = r.stdout.decode()
+    assert r.returncode == 0, out + r.stderr.decode()
+    lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") >= 3}
+    assert " ok " in lines["direct runs"] and "runc sessions' interpreters" in lines["direct runs"]
+    assert "bubblewrap" in lines["runc-class starter"]
+    for words in ("building the runtime image and templates", "first run of each sandbox shape", "workspaces"):
+        assert words in lines["needs Docker"], words

@@ -158,6 +158,48 @@ def test_a_gvisor_fork_has_its_own_memory_and_workspace(gvisor_session):
 
 
 @pytest.mark.runsc
+def test_a_failed_snapshot_or_fork_never_loses_the_sessions_memory(gvisor_session, monkeypatch):
+    """A snapshot that fails after its checkpoint restores the interpreter from it before removing
+    it; a fork whose parent does not come back (restored beside its children) keeps the parent's
+    memory in the fork's snapshot and says how to start it, and leaves no child."""
+    from sandloop.sessions import snapshots as snapshot_store
+
+    s = gvisor_session
+    s.run_cell("x = 41")
+    root = default_root()
+    commit = snapshot_store.SnapshotStore.commit
+
+    def full_disk(self, record):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(snapshot_store.SnapshotStore, "commit", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        s.snapshot(name="doomed")
+    monkeypatch.setattr(snapshot_store.SnapshotStore, "commit", commit)
+    assert s.run_cell("x + 1").value == "42"  # its memory came back from the failed snapshot's checkpoint
+    assert Session.snapshots(s.id) == [] and not list(root.snapshots.root.glob(".snap-*"))
+
+    bring_back = Session._bring_back
+    sessions_before = {r.id for r in root.list_sessions()}
+
+    def parent_fails(self, directory, kind):
+        if self.id == s.id:
+            raise RuntimeError("runsc restore failed")
+        return bring_back(self, directory, kind)
+
+    monkeypatch.setattr(Session, "_bring_back", parent_fails)
+    with pytest.raises(Exception, match="Session.from_snapshot") as raised:
+        s.fork(2)
+    monkeypatch.setattr(Session, "_bring_back", bring_back)
+    assert {r.id for r in root.list_sessions()} == sessions_before  # no child left
+    [kept] = Session.snapshots(s.id)
+    assert kept.id in str(raised.value) and kept.kind == "memory"
+    with Session.from_snapshot(kept.id) as again:
+        assert again.run_cell("x").value == "41"
+    Session.delete_snapshot(kept.id)
+
+
+@pytest.mark.runsc
 def test_snapshots_list_start_sessions_and_delete(gvisor_session):
     s = gvisor_session
     s.run_cell("x = 1")

@@ -179,6 +179,35 @@ def test_a_failing_step_says_which_with_its_log_and_leaves_nothing(sl, tmp_path)
     assert host_temp_entries() - before == set()
 
 
+@pytest.mark.parametrize(
+    "then",
+    [
+        "true",  # done before the watch looks: the exact check after the step fails it
+        "sleep 600",  # still running: the watch stops it (the step's own limit is 600 s)
+    ],
+)
+def test_a_step_past_its_disk_limit_fails_and_leaves_nothing(sl, tmp_path, then):
+    """Docker's overlay2 has no size option on this host: the step's layer is watched while it
+    runs and read exactly after; past the limit the step is stopped and the build fails."""
+    from sandloop.runtime.base import BuildLimits
+
+    before = host_temp_entries()
+    path = steps_file(tmp_path, f"steps:\n  - run: dd if=/dev/zero of=/opt/big bs=1M count=64 && {then}\n")
+    ref = f"{NAME}-disk"
+    limits = BuildLimits(disk_bytes=32 * 2**20, timeout_seconds=600)
+    with pytest.raises(TemplateBuildFailed, match="more than its 32 MiB disk limit") as info:
+        sl.templates.build(parse_steps_file(path, ref), limits=limits, force=True)
+    assert info.value.step == 1
+    with pytest.raises(TemplateNotFound):
+        sl.templates.get(ref)
+    assert build_containers() == []
+    assert host_temp_entries() - before == set()
+    # within the limit, the same step builds
+    small = steps_file(tmp_path, "steps:\n  - run: dd if=/dev/zero of=/opt/big bs=1M count=8\n")
+    sl.templates.build(parse_steps_file(small, ref), limits=limits, force=True)
+    sl.templates.remove(ref)
+
+
 @pytest.fixture
 def host_listener():
     """A TCP server on every host address: a build step that reached the host would show here."""
@@ -350,6 +379,8 @@ def test_the_cli_builds_lists_shows_runs_and_removes(tmp_path):
         (("templates", "build", name, "-f", str(tmp_path / "missing.yaml")), "no such file"),
         (("templates", "build", name, "-f", str(path), "--memory", "lots"), "--memory"),
         (("templates", "build", name, "-f", str(path), "--runtime", "kata"), "--runtime"),
+        (("templates", "build", name, "-f", str(path), "--disk", "lots"), "--disk"),
+        (("templates", "build", name, "-f", str(path), "--disk", "1k"), "--disk: between 16m and 1t"),
     ]:
         r = sandloop(*args)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
@@ -440,13 +471,15 @@ def test_a_build_killed_mid_step_leaves_nothing_once_reaped_and_built_again(sl, 
         text=True,
     )
     assert proc.stderr is not None
+    # the step's own output line (not its header, "[1/1] run: echo started; ...", printed before
+    # its container is made: a kill then raced the container's creation past the reap)
     for line in proc.stderr:  # the step runs: its container and scratch folder exist
-        if "started" in line:
+        if line.strip() == "started":
             break
     proc.kill()
     proc.wait()
-    sl.reap()  # the build container's owner is gone
-    assert build_containers() == []
+    reaped = sl.reap()  # the build container's owner is gone
+    assert build_containers() == [], reaped
     ok = steps_file(tmp_path, "steps:\n  - run: 'true'\n", "ok.yaml")
     sl.templates.build(parse_steps_file(ok, f"{NAME}-after"))  # sweeps what the killed build left
     sl.templates.remove(f"{NAME}-after")

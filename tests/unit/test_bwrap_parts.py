@@ -189,3 +189,18 @@ def test_without_a_compiler_prlimit_and_setpriv_are_used(tmp_path, monkeypatch):
     if bwrap.shutil.which("cc") or bwrap.shutil.which("gcc"):
         assert bwrap.exec_helper(tmp_path / "bin") is None  # a failed compile: said, nothing left
         assert list((tmp_path / "bin").iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a noexec tmpfs needs root")
+def test_a_helper_that_cannot_run_where_it_was_built_is_not_used(tmp_path, caplog):
+    """/run is noexec on many hosts: a helper compiled where it cannot run is never handed out."""
+    if not (bwrap.shutil.which("cc") or bwrap.shutil.which("gcc")):
+        pytest.skip("no C compiler here")
+    target = tmp_path / "noexec"
+    target.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec,size=4m", "tmpfs", str(target)], check=True)
+    try:
+        assert bwrap.exec_helper(target / "bin") is None
+        assert "prlimit and setpriv start bwrap sandboxes" in caplog.text
+    finally:
+        subprocess.run(["umount", str(target)], check=True)

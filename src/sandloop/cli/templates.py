@@ -35,6 +35,7 @@ def templates_build(
     memory: Annotated[str, typer.Option("--memory", help="Memory ceiling of each build step.")] = "2g",
     cpus: Annotated[float, typer.Option("--cpus", help="CPU share of each build step.")] = 1.0,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds each build step may run.")] = 1800,
+    disk: Annotated[str, typer.Option("--disk", help="Most each build step may add to the image.")] = "4g",
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
 ) -> None:
     """Build a template: its RUN steps run sandboxed, without network; pip_install, npm_install and
@@ -54,10 +55,18 @@ def templates_build(
     if not 1 <= timeout <= 24 * 3600:
         raise _fail("--timeout: between 1 and 86400 seconds", 2)
     try:
+        disk_bytes = parse_size(disk)
+    except ValueError as exc:
+        raise _fail(f"--disk: {exc}", 2) from None
+    if not 16 * 2**20 <= disk_bytes <= 2**40:
+        raise _fail("--disk: between 16m and 1t", 2)
+    try:
         spec = parse_steps_file(file, name)
     except InvalidArgument as exc:
         raise _fail(str(exc), 2) from None
-    limits = BuildLimits(memory_bytes=memory_bytes, cpus=cpus, timeout_seconds=timeout, runtime=runtime)
+    limits = BuildLimits(
+        memory_bytes=memory_bytes, cpus=cpus, timeout_seconds=timeout, runtime=runtime, disk_bytes=disk_bytes
+    )
     root = _root()
     with err.status(f"building {spec.ref} ...") as status:
 

@@ -243,6 +243,8 @@ class BuildLimits:
     #: ``runc`` or ``runsc`` (gVisor) runs the step's commands.
     runtime: str = "runc"
     tmp_bytes: int = 1024**3
+    #: What one step may add to the image (its layer): checked while it runs and exactly after.
+    disk_bytes: int = 4 * 1024**3
 
 
 #: Where a helper step's packages (fetched on the host) appear, read-only, in its build container.

@@ -28,9 +28,14 @@ BUILDS_AT_ONCE = 2
 
 
 def build_limits(token: Any, runtime: str = "runc") -> BuildLimits:
-    """A build step may use what the token's runs may: its memory ceiling and longest run."""
+    """A build step may use what the token's runs may: its memory ceiling and longest run; and
+    add to the image at most the token's disk ceiling (``--max-workspace``), capped at the default."""
     return BuildLimits(
-        memory_bytes=parse_size(token.max_memory), cpus=1.0, timeout_seconds=float(token.max_timeout), runtime=runtime
+        memory_bytes=parse_size(token.max_memory),
+        cpus=1.0,
+        timeout_seconds=float(token.max_timeout),
+        runtime=runtime,
+        disk_bytes=min(parse_size(token.max_workspace), BuildLimits.disk_bytes),
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,44 @@ from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
 BUILD_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID")
 #: Labels a committed image must not carry from its build container (they name a process).
 _OWNER_KEYS = ("owner", "purpose", "created", "expires")
+
+
+class _DiskWatch:
+    """A build step's disk limit: Docker's overlay2 has no size option here (it needs XFS project
+    quotas), so the step's layer (``SizeRw``, what it added) is read every ``interval`` seconds while
+    it runs and the step killed past the limit; after it stops the size is read once more, exactly."""
+
+    def __init__(self, api: Any, container: str, limit: int, interval: float = 1.0) -> None:
+        self._api, self._container, self._limit, self._interval = api, container, limit, interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: What the step had written when it was stopped for it (0: never).
+        self.over = 0
+
+    def written(self) -> int:
+        found = self._api.containers(all=True, size=True, filters={"id": self._container})
+        return int(found[0].get("SizeRw") or 0) if found else 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="sandloop-build-disk", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                written = self.written()
+            except Exception:  # noqa: BLE001 - the container is gone or the engine is busy: the step's own end says
+                continue
+            if written > self._limit:
+                self.over = written
+                with contextlib.suppress(Exception):
+                    self._api.kill(self._container)
+                return
 
 
 class DockerBuilder:
@@ -160,9 +199,11 @@ class DockerBuilder:
             lifetime=limits.timeout_seconds,
         )
         tail: list[str] = []
+        watch = _DiskWatch(self.api, container, limits.disk_bytes)
         try:
             with engine_errors(parent, limits.runtime):
                 self.api.start(container)
+            watch.start()
             deadline = time.monotonic() + limits.timeout_seconds
             pending, seen = b"", 0
 
@@ -200,13 +241,23 @@ class DockerBuilder:
                 with contextlib.suppress(Exception):
                     self.api.kill(container)
                 raise StepFailed(f"ran longer than its {limits.timeout_seconds:.0f} s limit and was stopped", -1, tail)
+            watch.stop()
             code = int(status.get("StatusCode", -1))
+            written = watch.written() if code == 0 else watch.over  # exact, now it has stopped
+            if written > limits.disk_bytes:
+                raise StepFailed(
+                    f"wrote {written / 2**20:.0f} MiB to the image, more than its {limits.disk_bytes / 2**20:.0f} "
+                    "MiB disk limit (it was stopped); write less, or raise the limit (--disk)",
+                    code if code != 0 else -1,
+                    tail,
+                )
             if code != 0:
                 oom = bool(self.api.inspect_container(container)["State"].get("OOMKilled"))
                 why = f"ran out of its {limits.memory_bytes // 2**20} MiB memory limit" if oom else f"exited {code}"
                 raise StepFailed(why, code, tail)
             return self._commit(container, parent)
         finally:
+            watch.stop()
             self._remove(container)
 
     def add_files(self, parent: str, archive: bytes) -> str:

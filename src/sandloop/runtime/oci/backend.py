@@ -69,7 +69,14 @@ from sandloop.runtime.tmpfs import mount_host_tmpfs, unmount_host_tmpfs
 log = logging.getLogger(__name__)
 
 #: What the direct backend hands to Docker even where it could run directly.
-THROUGH_DOCKER = "sessions, network=True, egress allowlists, other runtimes"
+THROUGH_DOCKER = (
+    "runc sessions' interpreters, sessions' single runs and file calls, network=True, egress allowlists, other runtimes"
+)
+#: What needs a Docker engine even where every run is direct (docs/runtimes.md, "What still needs Docker").
+NEEDS_DOCKER = (
+    "building the runtime image and templates (the store exports them from Docker), the first run of each "
+    "sandbox shape (its config is Docker's, captured once), sessions' workspaces (Docker volumes)"
+)
 
 RUNTIME_LABEL = f"{LABEL_PREFIX}oci.runtime"
 #: The runtimes this backend starts itself (others go to Docker).
@@ -163,6 +170,8 @@ class OCIBackend:
         self.fallback = fallback
         self._store_full_said = -1e9  # when the store's full disk was last logged
         self.store = RootfsStore(store / "images", lambda: self.docker.api)
+        #: Programs compiled here (bwrap.exec_helper): on the store's disk, not /run (often noexec).
+        self.helpers = store / "bin"
         self.templates = Templates(store / "templates", self._capture, self._salt)
         self.kernels = DirectKernels(self)
         self.cgroup_parent = CGROUP_PARENT
@@ -328,6 +337,7 @@ class OCIBackend:
                 "direct runs": direct,
                 "runc-class started by": self.runc_starter(),
                 "through Docker": "everything" if problem else THROUGH_DOCKER,
+                "needs Docker": NEEDS_DOCKER,
             },
         )
 
@@ -482,7 +492,7 @@ class OCIBackend:
                 cgroup_parent=CGROUP_PARENT,
                 sandbox_id=sandbox_id,
                 stdio=stdio,
-                exec_as=bwrap.exec_helper(self.state / "bin"),
+                exec_as=bwrap.exec_helper(self.helpers),
             )
 
         return self._start_on_pipes(start, sandbox_id, spec, BWRAP, bundle)

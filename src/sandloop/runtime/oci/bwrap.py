@@ -318,16 +318,17 @@ _helpers: dict[Path, str | None] = {}
 
 
 def exec_helper(directory: Path) -> str | None:
-    """``exec_as.c`` compiled into ``directory`` (once per source, per host boot when that is a
-    tmpfs), or None where there is no C compiler or it fails (then ``prlimit`` and ``setpriv``)."""
+    """``exec_as.c`` compiled into ``directory`` (once per source), or None where there is no C
+    compiler, it fails, or what it made does not run there (a ``noexec`` mount): then ``prlimit``
+    and ``setpriv``."""
     with _helper_lock:
         if directory in _helpers:
             return _helpers[directory]
         source = EXEC_AS_SOURCE.read_bytes()
         path = directory / f"exec-as-{hashlib.sha256(source).hexdigest()[:12]}"
-        found: str | None = str(path) if os.access(path, os.X_OK) else None
         compiler = shutil.which("cc") or shutil.which("gcc")
-        if found is None and compiler:
+        why = ""
+        if not os.access(path, os.X_OK) and compiler:
             directory.mkdir(parents=True, exist_ok=True, mode=0o755)
             tmp = directory / f".{path.name}-{os.getpid()}-{threading.get_ident()}"
             done = subprocess.run(
@@ -339,14 +340,20 @@ def exec_helper(directory: Path) -> str | None:
             if done.returncode == 0:
                 tmp.chmod(0o755)
                 tmp.rename(path)
-                found = str(path)
             else:
                 tmp.unlink(missing_ok=True)
-                log.warning(
-                    "could not compile %s (%s): prlimit and setpriv start bwrap sandboxes",
-                    EXEC_AS_SOURCE.name,
-                    done.stderr.decode(errors="replace").strip()[-300:],
-                )
+                why = done.stderr.decode(errors="replace").strip()[-300:]
+        found: str | None = None
+        if os.access(path, os.X_OK):
+            try:  # it runs here (the same user: a check of the program, not of a change of user)
+                uid, gid = str(os.getuid()), str(os.getgid())
+                probe = subprocess.run([str(path), uid, gid, gid, "--", "/bin/true"], capture_output=True, timeout=30)
+                found = str(path) if probe.returncode == 0 else None
+                why = probe.stderr.decode(errors="replace").strip()[-300:]
+            except OSError as exc:
+                why = str(exc)
+        if found is None and compiler:
+            log.warning("%s cannot be used (%s): prlimit and setpriv start bwrap sandboxes", path, why or "?")
         _helpers[directory] = found
         return found
 
