@@ -52,6 +52,16 @@ def direct_interpreters(session_id: str) -> list[Path]:
     return found
 
 
+def cpu_quota(session_id: str) -> str:
+    """The CFS quota of the session's (one) direct interpreter, from the host's cgroup file; its
+    bundle keeps no quota for later."""
+    from sandloop.runtime.oci.kernels import QUOTA_AFTER
+
+    [bundle] = direct_interpreters(session_id)
+    assert not (bundle / QUOTA_AFTER).exists()
+    return Path(f"/sys/fs/cgroup/cpu/sandloop/{bundle.name}/cpu.cfs_quota_us").read_text().strip()
+
+
 @pytest.fixture
 def gvisor_session():
     s = Session.create(limits=SandboxLimits(runtime="runsc"), ttl=600, quota="64m")
@@ -80,6 +90,8 @@ def test_gvisor_pause_keeps_memory_processes_files_and_sockets_and_holds_nothing
         s.pause()
 
     assert s.resume() == "memory" and s.paused is None
+    # the memory image loaded without the CPU quota (sandloop's work); the code runs under it again
+    assert cpu_quota(s.id) == "50000"  # 0.5 CPU, read from the host's cgroup
     r = s.run_cell(CHECK_STATE)
     assert r.ok, r.stderr
     assert r.stdout.split() == [
@@ -299,3 +311,4 @@ def test_a_process_killed_mid_resume_leaves_the_session_resumable(gvisor_session
     assert again.paused is None
     assert again.run_cell("kept + 1").value == "42"
     assert len(direct_interpreters(s.id)) == 1
+    assert cpu_quota(s.id) == "50000"  # a restore whose restorer died is throttled by whoever finds it

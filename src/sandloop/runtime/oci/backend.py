@@ -667,17 +667,21 @@ class OCIBackend:
         cancel: threading.Event | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> CellResult:
-        return self.docker.run_cell(
-            kernel,
-            code,
-            limits=limits,
-            interrupt_after=interrupt_after,
-            grace=grace,
-            secrets=secrets,
-            on_output=on_output,
-            cancel=cancel,
-            options=options,
-        )
+        try:
+            return self.docker.run_cell(
+                kernel,
+                code,
+                limits=limits,
+                interrupt_after=interrupt_after,
+                grace=grace,
+                secrets=secrets,
+                on_output=on_output,
+                cancel=cancel,
+                options=options,
+            )
+        finally:
+            if isinstance(kernel, DirectKernel):  # a restore's first answer: its CPU quota now
+                self.kernels.throttle(kernel)
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> LiveSandbox | None:
         if self.host_problem() is None:

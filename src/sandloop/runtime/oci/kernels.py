@@ -49,6 +49,9 @@ SHIM = str(Path(__file__).with_name("shim.py"))
 SOCKET = "attach.sock"
 #: Where a checkpoint keeps the sandbox's memory image (runsc's files), its /tmp and its facts.
 IMAGE, TMP, FACTS = "image", "tmp", "facts.json"
+#: In a restored interpreter's bundle: the CPU quota (and period) its restore ran without, applied
+#: once it has answered (``throttle``).
+QUOTA_AFTER = "cpu-quota-after-restore"
 
 
 @dataclass(eq=False)
@@ -138,6 +141,14 @@ class DirectKernels:
         template = backend.templates.get(replace(spec, volumes=()))
         sandbox_id, bundle, config = backend.new_config(template, rootfs, spec, purpose, lifetime_seconds, "runsc")
         bundles = bundle.parent
+        cpu = (config["linux"].get("resources") or {}).get("cpu") or {}
+        quota_after = ""
+        if image is not None and cpu.get("quota"):
+            # Loading the memory image (the Sentry decompresses it) is sandloop's work, not the
+            # code's: at the session's 0.5 CPU it was most of a resume. Its quota comes with the
+            # first answer (``throttle``), or as soon as any process finds it (``find``).
+            quota_after = f"{int(cpu['quota'])} {int(cpu.get('period') or 100_000)}"
+            cpu.pop("quota")
         for volume, destination in spec.volumes:  # as Docker binds a named volume
             source = self._workspace_dir(volume)
             config["mounts"].append(
@@ -147,6 +158,8 @@ class DirectKernels:
         tmp = bundles / f".{sandbox_id}"
         tmp.mkdir(mode=0o700)
         (tmp / "config.json").write_text(json.dumps(config))
+        if quota_after:
+            (tmp / QUOTA_AFTER).write_text(quota_after)
         tmp.rename(bundle)
         listener: socket.socket | None = None
         try:
@@ -211,10 +224,34 @@ class DirectKernels:
                 continue
             bundle = self.backend.state / "bundles" / item.id
             try:
-                return self._connect(item.id, bundle, spec)
+                found = self._connect(item.id, bundle, spec)
             except OSError:  # its holder is gone: so is the interpreter
                 self.backend.delete_direct(item.id, "runsc")
+                continue
+            self.throttle(found)  # a restore whose restorer died before its first answer
+            return found
         return None
+
+    def throttle(self, kernel: DirectKernel) -> None:
+        """Give a restored interpreter the CPU quota its restore ran without (read back). One
+        that cannot be given it is removed: no sandbox runs code without its limits."""
+        pending = kernel.bundle / QUOTA_AFTER
+        try:
+            quota, period = pending.read_text().split()
+        except (OSError, ValueError):
+            return
+        directory = Path("/sys/fs/cgroup/cpu") / kernel.cgroup
+        try:
+            (directory / "cpu.cfs_period_us").write_text(period)
+            (directory / "cpu.cfs_quota_us").write_text(quota)
+            if (directory / "cpu.cfs_quota_us").read_text().strip() != quota:
+                raise OSError("the quota did not take")
+        except OSError as exc:
+            self.destroy(kernel)
+            raise SandboxError(
+                f"could not give the restored interpreter its CPU quota ({exc}); it was removed"
+            ) from exc
+        pending.unlink(missing_ok=True)
 
     def destroy(self, kernel: DirectKernel) -> None:
         kernel.channel.close()
