@@ -212,6 +212,32 @@ def test_a_failed_snapshot_or_fork_never_loses_the_sessions_memory(gvisor_sessio
 
 
 @pytest.mark.runsc
+def test_a_restore_nobody_answered_gets_its_cpu_quota_from_its_holder(gvisor_session, monkeypatch):
+    """The first answer applies a restore's CPU quota; when it never comes (the restoring process
+    died), the holder applies it after its deadline (2 s here, 30 by default)."""
+    from sandloop.runtime.oci.kernels import QUOTA_AFTER, DirectKernels
+
+    monkeypatch.setenv("SANDLOOP_RESTORE_QUOTA_SECONDS", "2")  # read by the holder this test starts
+    monkeypatch.setattr(DirectKernels, "throttle", lambda self, kernel: None)  # as if the restorer died
+    s = gvisor_session
+    s.run_cell("x = 5")
+    snap = s.snapshot()
+    try:
+        with Session.from_snapshot(snap.id) as other:
+            [bundle] = direct_interpreters(other.id)
+            # restored without a quota in its config: whatever quota it has later was applied after
+            assert "quota" not in json.loads((bundle / "config.json").read_text())["linux"]["resources"]["cpu"]
+            quota = Path(f"/sys/fs/cgroup/cpu/sandloop/{bundle.name}/cpu.cfs_quota_us")
+            deadline = time.monotonic() + 120  # the holder's loop wakes every 0.5 s
+            while (bundle / QUOTA_AFTER).exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert quota.read_text().strip() == "50000" and not (bundle / QUOTA_AFTER).exists()
+            assert other.run_cell("x").value == "5"
+    finally:
+        Session.delete_snapshot(snap.id)
+
+
+@pytest.mark.runsc
 def test_snapshots_list_start_sessions_and_delete(gvisor_session):
     s = gvisor_session
     s.run_cell("x = 1")

@@ -40,6 +40,7 @@ from sandloop.runtime.docker import LiveSandbox
 from sandloop.runtime.docker.stream import SocketChannel
 from sandloop.runtime.docker.workspace import volume_name
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
+from sandloop.runtime.oci.shim import QUOTA_AFTER
 from sandloop.runtime.tmpfs import mount_host_tmpfs
 
 if TYPE_CHECKING:
@@ -49,9 +50,6 @@ SHIM = str(Path(__file__).with_name("shim.py"))
 SOCKET = "attach.sock"
 #: Where a checkpoint keeps the sandbox's memory image (runsc's files), its /tmp and its facts.
 IMAGE, TMP, FACTS = "image", "tmp", "facts.json"
-#: In a restored interpreter's bundle: the CPU quota (and period) its restore ran without, applied
-#: once it has answered (``throttle``).
-QUOTA_AFTER = "cpu-quota-after-restore"
 
 
 @dataclass(eq=False)

@@ -16,15 +16,40 @@ connection, reaps what is left, and exits.
 """
 
 import ctypes
+import json
 import os
 import select
 import socket
 import struct
 import sys
+import time
 
 PR_SET_CHILD_SUBREAPER = 36
 #: Bytes of clients' input held for the interpreter's stdin before clients are read no further.
 MAX_PENDING_INPUT = 64 * 1024 * 1024
+#: In a restored interpreter's bundle: the CPU quota (and period) its restore ran without. Its first
+#: answer applies it (``kernels.DirectKernels.throttle``); if the process restoring it died before,
+#: this holder applies it after ``SANDLOOP_RESTORE_QUOTA_SECONDS`` (30).
+QUOTA_AFTER = "cpu-quota-after-restore"
+
+
+def apply_pending_quota(bundle: str) -> None:
+    """The quota a restore ran without, into the sandbox's cpu cgroup (read back); never raises."""
+    pending = os.path.join(bundle, QUOTA_AFTER)
+    try:
+        with open(pending) as f:
+            quota, period = f.read().split()
+        with open(os.path.join(bundle, "config.json")) as f:
+            cgroup = "/sys/fs/cgroup/cpu" + json.load(f)["linux"]["cgroupsPath"]
+        for name, value in (("cpu.cfs_period_us", period), ("cpu.cfs_quota_us", quota)):
+            with open(os.path.join(cgroup, name), "w") as f:
+                f.write(value)
+        with open(os.path.join(cgroup, "cpu.cfs_quota_us")) as f:
+            if f.read().strip() == quota:
+                os.unlink(pending)
+    except (OSError, ValueError, KeyError) as exc:
+        if not isinstance(exc, FileNotFoundError):
+            sys.stderr.write(f"shim: could not apply the restored sandbox's CPU quota: {exc!r}\n")
 
 
 def _frame(stream: int, data: bytes) -> bytes:
@@ -60,7 +85,11 @@ def main() -> int:
     pending = bytearray()
     code = 125
     child_running = True
+    quota_at = time.monotonic() + float(os.environ.get("SANDLOOP_RESTORE_QUOTA_SECONDS") or 30)
     while outputs or child_running:
+        if quota_at and time.monotonic() > quota_at:
+            apply_pending_quota(os.path.dirname(sys.argv[2]))
+            quota_at = 0.0
         if child_running:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
