@@ -40,7 +40,7 @@ from sandloop.runtime.docker import LiveSandbox
 from sandloop.runtime.docker.stream import SocketChannel
 from sandloop.runtime.docker.workspace import volume_name
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
-from sandloop.runtime.oci.shim import QUOTA_AFTER
+from sandloop.runtime.oci.shim import QUOTA_AFTER, apply_pending_quota
 from sandloop.runtime.tmpfs import mount_host_tmpfs
 
 if TYPE_CHECKING:
@@ -231,25 +231,13 @@ class DirectKernels:
         return None
 
     def throttle(self, kernel: DirectKernel) -> None:
-        """Give a restored interpreter the CPU quota its restore ran without (read back). One
-        that cannot be given it is removed: no sandbox runs code without its limits."""
-        pending = kernel.bundle / QUOTA_AFTER
-        try:
-            quota, period = pending.read_text().split()
-        except (OSError, ValueError):
-            return
-        directory = Path("/sys/fs/cgroup/cpu") / kernel.cgroup
-        try:
-            (directory / "cpu.cfs_period_us").write_text(period)
-            (directory / "cpu.cfs_quota_us").write_text(quota)
-            if (directory / "cpu.cfs_quota_us").read_text().strip() != quota:
-                raise OSError("the quota did not take")
-        except OSError as exc:
+        """Give a restored interpreter the CPU quota its restore ran without (``shim.py``'s
+        ``apply_pending_quota``, read back). One that cannot be given it is removed: no sandbox
+        runs code without its limits."""
+        why = apply_pending_quota(str(kernel.bundle))
+        if why:
             self.destroy(kernel)
-            raise SandboxError(
-                f"could not give the restored interpreter its CPU quota ({exc}); it was removed"
-            ) from exc
-        pending.unlink(missing_ok=True)
+            raise SandboxError(f"could not give the restored interpreter its CPU quota ({why}); it was removed")
 
     def destroy(self, kernel: DirectKernel) -> None:
         kernel.channel.close()

@@ -33,8 +33,9 @@ MAX_PENDING_INPUT = 64 * 1024 * 1024
 QUOTA_AFTER = "cpu-quota-after-restore"
 
 
-def apply_pending_quota(bundle: str) -> None:
-    """The quota a restore ran without, into the sandbox's cpu cgroup (read back); never raises."""
+def apply_pending_quota(bundle: str) -> str | None:
+    """The quota a restore ran without, into the sandbox's cpu cgroup, read back. None when done
+    (or none was pending), else why not; never raises."""
     pending = os.path.join(bundle, QUOTA_AFTER)
     try:
         with open(pending) as f:
@@ -45,11 +46,14 @@ def apply_pending_quota(bundle: str) -> None:
             with open(os.path.join(cgroup, name), "w") as f:
                 f.write(value)
         with open(os.path.join(cgroup, "cpu.cfs_quota_us")) as f:
-            if f.read().strip() == quota:
-                os.unlink(pending)
+            if f.read().strip() != quota:
+                return "the quota did not take"
+        os.unlink(pending)
+    except FileNotFoundError as exc:
+        return None if exc.filename == pending else str(exc)
     except (OSError, ValueError, KeyError) as exc:
-        if not isinstance(exc, FileNotFoundError):
-            sys.stderr.write(f"shim: could not apply the restored sandbox's CPU quota: {exc!r}\n")
+        return str(exc)
+    return None
 
 
 def _frame(stream: int, data: bytes) -> bytes:
@@ -88,7 +92,9 @@ def main() -> int:
     quota_at = time.monotonic() + float(os.environ.get("SANDLOOP_RESTORE_QUOTA_SECONDS") or 30)
     while outputs or child_running:
         if quota_at and time.monotonic() > quota_at:
-            apply_pending_quota(os.path.dirname(sys.argv[2]))
+            why = apply_pending_quota(os.path.dirname(sys.argv[2]))
+            if why:
+                sys.stderr.write(f"shim: could not apply the restored sandbox's CPU quota: {why}\n")
             quota_at = 0.0
         if child_running:
             try:
