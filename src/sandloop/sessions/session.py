@@ -699,23 +699,11 @@ class Session:
         validate_count(count)
         with self._kernel.locked():
             snap = self._snapshot(f"fork of {self.id}", bring_back=False)
-            keep = False
+            parent: BaseException | None = None
             try:
                 with concurrent.futures.ThreadPoolExecutor(max_workers=min(count, 4)) as pool:
                     futures = [pool.submit(Session.from_snapshot, snap.id, root=self._root) for _ in range(count)]
-                    parent: BaseException | None = None
-                    try:
-                        if snap.kind == "memory":
-                            self._bring_back(self._root.snapshots.dir(snap.id), "memory")
-                    except BaseException as exc:  # noqa: BLE001 - raised below, once the children are settled
-                        keep = True  # the snapshot holds this session's memory now: never removed with it
-                        parent = exc
-                        if isinstance(exc, Exception):
-                            parent = SandboxError(
-                                f"the session's interpreter did not come back after the fork's snapshot ({exc}); "
-                                f"what it held is kept in snapshot {snap.id}: start it again with "
-                                f"Session.from_snapshot({snap.id!r})"
-                            )
+                    parent = self._restore_from(snap)
                     concurrent.futures.wait(futures)
                 made = [f.result() for f in futures if f.exception() is None]
                 failed = [f.exception() for f in futures if f.exception() is not None]
@@ -725,8 +713,24 @@ class Session:
                     raise parent or failed[0]  # type: ignore[misc]
                 return made
             finally:
-                if not keep:
+                if parent is None:  # else the snapshot holds this session's memory: never removed with it
                     self._root.snapshots.delete(snap.id)
+
+    def _restore_from(self, snap: SnapshotRecord) -> BaseException | None:
+        """Bring this session's interpreter back from its fork's memory snapshot (nothing to do for
+        another kind); what went wrong is returned, to be raised once the children are settled."""
+        if snap.kind != "memory":
+            return None
+        try:
+            self._bring_back(self._root.snapshots.dir(snap.id), "memory")
+        except Exception as exc:  # noqa: BLE001 - returned
+            return SandboxError(
+                f"the session's interpreter did not come back after the fork's snapshot ({exc}); "
+                f"what it held is kept in snapshot {snap.id}: start it again with Session.from_snapshot({snap.id!r})"
+            )
+        except BaseException as exc:  # noqa: BLE001 - an interrupt: raised as it is, the snapshot kept
+            return exc
+        return None
 
     @classmethod
     def from_snapshot(

@@ -56,7 +56,7 @@ class _DiskWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._thread is not None:
             self._thread.join()
 
     def _loop(self) -> None:

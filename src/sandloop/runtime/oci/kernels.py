@@ -57,6 +57,8 @@ class DirectKernel(LiveSandbox):
     """A session interpreter runsc started directly (its bundle holds its config and socket)."""
 
     bundle: Path = Path()
+    #: Restored without its CPU quota, not yet given it (``throttle``).
+    quota_pending: bool = False
 
 
 def is_kernel_spec(spec: SandboxSpec) -> bool:
@@ -208,6 +210,7 @@ class DirectKernels:
             interrupt=lambda: self._signal(sandbox_id, "2"),
             cgroup=f"{self.backend.cgroup_parent}/{sandbox_id}",
             bundle=bundle,
+            quota_pending=(bundle / QUOTA_AFTER).exists(),  # once a connection, not once a cell
         )
 
     def _signal(self, sandbox_id: str, signal: str) -> None:
@@ -234,10 +237,13 @@ class DirectKernels:
         """Give a restored interpreter the CPU quota its restore ran without (``shim.py``'s
         ``apply_pending_quota``, read back). One that cannot be given it is removed: no sandbox
         runs code without its limits."""
+        if not kernel.quota_pending:
+            return
         why = apply_pending_quota(str(kernel.bundle))
         if why:
             self.destroy(kernel)
             raise SandboxError(f"could not give the restored interpreter its CPU quota ({why}); it was removed")
+        kernel.quota_pending = False
 
     def destroy(self, kernel: DirectKernel) -> None:
         kernel.channel.close()
