@@ -29,12 +29,15 @@ run: setup
 # started by bubblewrap, the rest through Docker; docs/runtimes.md), then the isolation, runner
 # and adversarial suites again on Docker only, and the isolation suite with runc starting the
 # direct runs (test_oci.py drives runc directly in the first pass).
+# No Docker engine asked (issue 26): the image built without it by tests/integration/test_no_docker.py.
+NO_ENGINE = {"type": "oci", "engine": false, "store": "/var/lib/sandloop/oci-no-docker"}
 SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/integration/test_templates.py tests/adversarial
 
 test: setup-dev
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest $(PYTEST_ARGS) $(SECOND_PASS)
 	SANDLOOP_BACKEND='{"type": "oci", "runc_with": "runc"}' $(VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/integration/test_isolation.py
+	SANDLOOP_BACKEND='$(NO_ENGINE)' $(VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/integration/test_isolation.py
 
 # No engine, no image: unit tests, and the backend contract on the test double (FakeBackend).
 test-fast:

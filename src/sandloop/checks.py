@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from sandloop.contract import SandboxError, SandboxLimits
+from sandloop.runtime.base import NO_DOCKER
 
 if TYPE_CHECKING:
     from sandloop.root import Sandloop
@@ -28,14 +29,20 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
         info = root.info()
     except SandboxError as exc:
         return [Check(f"{root.backend.name} engine", "missing", str(exc))]
-    own_line = ("direct runs", "through Docker", "runc-class started by", "needs Docker")  # their own checks below
+    # their own checks below
+    own_line = ("direct runs", "through Docker", "runc-class started by", "needs Docker", "engine", NO_DOCKER)
+    no_engine = NO_DOCKER in info.details
     extra = ", ".join(f"{k} {v}" for k, v in info.details.items() if k not in own_line)
     checks = [Check(f"{info.name} engine", "ok", f"{info.version} ({extra})" if extra else info.version)]
     direct = info.details.get("direct runs")
     if direct is not None:  # the OCI backend: which runs skip dockerd, which go through it
         off = direct.startswith("off")
         detail = f"{direct}; through Docker: {info.details.get('through Docker', '?')} (docs/runtimes.md)"
-        checks.append(Check("direct runs", "off" if off else "ok", detail, essential=False))
+        if no_engine:
+            detail = f"{direct}; every run (no engine: {info.details.get('engine', '')})"
+        checks.append(Check("direct runs", "off" if off else "ok", detail, essential=no_engine))
+        if no_engine:
+            checks.append(Check("without Docker", "off", info.details[NO_DOCKER], essential=False))
         if info.details.get("needs Docker"):
             checks.append(Check("needs Docker", "ok", info.details["needs Docker"], essential=False))
         starter = info.details.get("runc-class started by", "runc")
@@ -51,7 +58,9 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
         else:
             fix = "run scripts/engine-up.sh as root to register gVisor (runsc)"
             checks.append(Check(f"runtime {rt}", "missing", fix, essential=rt == "runc"))
-    if info.name in ("docker", "oci"):
+    if no_engine:
+        checks.append(Check("egress allowlists", "off", "need Docker (engine=false)", essential=False))
+    elif info.name in ("docker", "oci"):
         if "runsc" not in info.runtimes:
             egress = Check("egress allowlists", "ok", "runc: the proxy listens inside each sandbox", essential=False)
         elif "runsc-egress" in info.runtimes:
@@ -60,7 +69,9 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
             fix = "runc only: run scripts/engine-up.sh as root to register runsc-egress for gVisor"
             egress = Check("egress allowlists", "off", fix, essential=False)
         checks.append(egress)
-    if info.quotas_enforced:
+    if no_engine:
+        checks.append(Check("sessions", "off", "need Docker (engine=false)", essential=False))
+    elif info.quotas_enforced:
         checks.append(Check("session quotas", "ok", "workspaces have a real size cap"))
     else:
         detail = (
@@ -75,7 +86,8 @@ def run_checks(root: Sandloop, *, smoke: bool = True) -> list[Check]:
     if have_image:
         checks.append(Check("runtime image", "ok", image))
     else:
-        checks.append(Check("runtime image", "missing", f"{image}: build it with `sandloop images build`"))
+        how = "sandloop images build --no-docker" if no_engine else "sandloop images build"
+        checks.append(Check("runtime image", "missing", f"{image}: build it with `{how}`"))
     if smoke and have_image:
         for rt in ("runc", "runsc"):
             if rt not in info.runtimes:

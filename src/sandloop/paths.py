@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 from pathlib import Path
 
 
@@ -26,3 +28,12 @@ def tree_size(path: Path) -> int:
             except OSError:
                 continue
     return total
+
+
+def unmount_below(root: Path) -> None:
+    """Detach whatever is mounted below ``root`` (a build that died may leave proc or sys mounted
+    in its target): never rmtree through a mount."""
+    with contextlib.suppress(OSError):
+        mounts = [ln.split()[1] for ln in Path("/proc/mounts").read_text().splitlines()]
+        for mnt in sorted((m for m in mounts if m.startswith(str(root) + "/")), reverse=True):
+            subprocess.run(["umount", "-l", mnt], check=False, capture_output=True)

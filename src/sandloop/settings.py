@@ -62,6 +62,11 @@ class OCIConfig(BaseModel):
         description="What starts runc-class sandboxes: bubblewrap with Docker's config translated "
         "(runtime/oci/bwrap.py; runc where bwrap is missing or the translation has a gap), or runc.",
     )
+    engine: bool = Field(
+        True,
+        description="Use a Docker engine (false: none on this host; single runs only, configs made here, "
+        "images from the store: `sandloop images build --no-docker`).",
+    )
 
     def build(self, settings: Settings) -> FullBackend:
         from sandloop.runtime.docker import DockerBackend
@@ -74,7 +79,14 @@ class OCIConfig(BaseModel):
             egress_hosts=settings.egress_hosts,
             egress_upstream_ca=settings.egress_upstream_ca,
         )
-        return OCIBackend(docker, store=self.store, state=self.state, fallback=self.fallback, runc_with=self.runc_with)
+        return OCIBackend(
+            docker,
+            store=self.store,
+            state=self.state,
+            fallback=self.fallback,
+            runc_with=self.runc_with,
+            engine=self.engine,
+        )
 
 
 class FakeConfig(BaseModel):

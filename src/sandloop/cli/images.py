@@ -20,19 +20,36 @@ def images_build(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the recipe did not change.")] = False,
+    no_docker: Annotated[
+        bool,
+        typer.Option(
+            "--no-docker",
+            help="Build without Docker, into the direct backend's store (for SANDLOOP_BACKEND="
+            '\'{"type": "oci", "engine": false}\').',
+        ),
+    ] = False,
 ) -> None:
     """Build the runtime image (python + numpy/pandas/matplotlib, node, bash). Takes about a minute."""
-    from sandloop.images.build import build_runtime
+    from sandloop.images.build import build_rootfs, build_runtime
+    from sandloop.settings import OCIConfig, Settings
+
+    if no_docker and base is not None:
+        raise _fail("--from names a base image to pull, which needs Docker: drop it or --no-docker")
+    backend = Settings().backend
+    store = backend.store if isinstance(backend, OCIConfig) else OCIConfig().store
 
     with err.status("building the runtime image ...") as status:
 
         def progress(line: str) -> None:
             status.update(line[:110])
-            if not line.startswith(("docker build:", "debootstrap:", "pip wheels:")):
+            if not line.startswith(("docker build:", "debootstrap:", "pip wheels:", "Dockerfile line")):
                 err.print(line)
 
         try:
-            image = build_runtime(base=base, force=force, progress=progress)
+            if no_docker:
+                image = build_rootfs(store=store, force=force, progress=progress)
+            else:
+                image = build_runtime(base=base, force=force, progress=progress)
         except SandboxError as exc:
             raise _fail(str(exc)) from None
     out.print(image)

@@ -111,6 +111,10 @@ class BackendInfo:
     details: Mapping[str, str] = field(default_factory=dict)
 
 
+#: The ``BackendInfo.details`` key saying what a backend without a Docker engine refuses.
+NO_DOCKER = "refused without Docker"
+
+
 @dataclass(frozen=True)
 class Owned:
     """Something a backend made, found by its labels."""

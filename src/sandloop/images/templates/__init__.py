@@ -97,8 +97,9 @@ class Templates:
         found = self._builder()
         if found is None:
             raise SandboxError(
-                "this backend cannot build or run templates (the test double and the Ray backend run the runtime "
-                "image only); use the docker or oci backend"
+                "this backend cannot build or run templates (the test double, the Ray backend and the oci "
+                "backend without Docker, engine=false, run the runtime image only); use the docker or oci backend "
+                "with a Docker engine"
             )
         return found
 

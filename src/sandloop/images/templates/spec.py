@@ -258,10 +258,9 @@ def _looks_like_dockerfile(text: str) -> bool:
 _ARG_IN_FROM = re.compile(r"\$\{?[A-Za-z_]")
 
 
-def parse_dockerfile(text: str, name: str, tag: str, context: Path, source: str = "Dockerfile") -> TemplateSpec:
-    """The Dockerfile instructions a template can hold: FROM (the runtime image or a template),
-    RUN, COPY/ADD of local files (``--chmod``, ``--chown`` numeric), ENV, WORKDIR, USER, CMD (the
-    start command). What a template cannot have is refused with why."""
+def dockerfile_lines(text: str) -> list[tuple[int, str]]:
+    """A Dockerfile's instructions, each with the number of its first line (continuations joined,
+    comments and blank lines left out)."""
     lines: list[tuple[int, str]] = []
     pending, first = "", 0
     for number, raw in enumerate(text.splitlines(), 1):
@@ -277,6 +276,14 @@ def parse_dockerfile(text: str, name: str, tag: str, context: Path, source: str 
         pending = ""
     if pending:
         lines.append((first, pending))
+    return lines
+
+
+def parse_dockerfile(text: str, name: str, tag: str, context: Path, source: str = "Dockerfile") -> TemplateSpec:
+    """The Dockerfile instructions a template can hold: FROM (the runtime image or a template),
+    RUN, COPY/ADD of local files (``--chmod``, ``--chown`` numeric), ENV, WORKDIR, USER, CMD (the
+    start command). What a template cannot have is refused with why."""
+    lines = dockerfile_lines(text)
     base: str | None = None
     steps: list[Step] = []
     start = ""
@@ -292,18 +299,18 @@ def parse_dockerfile(text: str, name: str, tag: str, context: Path, source: str 
             base = _dockerfile_base(rest.split()[0] if rest else "", where)
         elif word == "RUN":
             if rest.startswith("["):
-                rest = shlex.join(_json_list(rest, where))
+                rest = shlex.join(json_list(rest, where))
             steps.append(make_step("run", rest, where))
         elif word in ("COPY", "ADD"):
             steps.append(_dockerfile_copy(word, rest, where))
         elif word == "ENV":
-            steps.append(make_step("env", _dockerfile_env(rest, where), where))
+            steps.append(make_step("env", dockerfile_env(rest, where), where))
         elif word == "WORKDIR":
             steps.append(make_step("workdir", rest, where))
         elif word == "USER":
             steps.append(make_step("user", rest, where))
         elif word in ("CMD", "ENTRYPOINT"):
-            start = shlex.join(_json_list(rest, where)) if rest.startswith("[") else rest
+            start = shlex.join(json_list(rest, where)) if rest.startswith("[") else rest
         elif word in (
             "LABEL",
             "EXPOSE",
@@ -351,7 +358,7 @@ def _dockerfile_base(image: str, where: str) -> str:
 TEMPLATE_REPO_PREFIX = "sandloop-template-"
 
 
-def _json_list(text: str, where: str) -> list[str]:
+def json_list(text: str, where: str) -> list[str]:
     try:
         value = json.loads(text)
     except ValueError:
@@ -380,7 +387,7 @@ def _dockerfile_copy(word: str, rest: str, where: str) -> Step:
     return make_step("copy", {"src": src, "dest": dest, "mode": mode, "owner": owner}, where)
 
 
-def _dockerfile_env(rest: str, where: str) -> dict[str, str]:
+def dockerfile_env(rest: str, where: str) -> dict[str, str]:
     parts = shlex.split(rest)
     if len(parts) >= 2 and "=" not in parts[0]:
         return {parts[0]: " ".join(parts[1:])}

@@ -45,15 +45,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sandloop.contract import CellResult, ExecutionResult, HostDiskFull, SandboxError, SandboxLimits
+from sandloop.contract import CellResult, EngineUnavailable, ExecutionResult, HostDiskFull, SandboxError, SandboxLimits
 from sandloop.contract.egress import Secret
 from sandloop.runtime import pagecache, protocol
-from sandloop.runtime.base import BackendInfo, ImageBuilder, Owned, RunRequest, SandboxSpec, WorkspaceRef
+from sandloop.runtime.base import NO_DOCKER, BackendInfo, ImageBuilder, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.cgroup import make_v1, memory_oom_kills
 from sandloop.runtime.docker import DockerBackend, LiveSandbox
 from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
 from sandloop.runtime.oci import bwrap
 from sandloop.runtime.oci.config import Templates, binds_host_tmp, docker_bundle_config, parity_problems, render
+from sandloop.runtime.oci.generate import docker_config
 from sandloop.runtime.oci.kernels import (
     DirectKernel,
     DirectKernels,
@@ -77,6 +78,18 @@ NEEDS_DOCKER = (
     "building the runtime image and templates (the store exports them from Docker), the first run of each "
     "sandbox shape (its config is Docker's, captured once), sessions' workspaces (Docker volumes)"
 )
+
+#: What a backend without an engine (engine=false) refuses (docs/runtimes.md, "Without Docker").
+WITHOUT_ENGINE = (
+    "sessions (their workspaces and file calls are Docker's), network=True, egress allowlists, templates, "
+    "seccomp='docker-default'"
+)
+NO_ENGINE_HINT = (
+    "single runs on runc (bubblewrap) and runsc work without it; for the rest, start Docker and drop "
+    "engine=false from SANDLOOP_BACKEND"
+)
+#: The arguments runsc gets without an engine (scripts/engine-up.sh registers it with Docker so).
+RUNSC_ARGS = ("--platform=ptrace", "--network=none")
 
 RUNTIME_LABEL = f"{LABEL_PREFIX}oci.runtime"
 #: The runtimes this backend starts itself (others go to Docker).
@@ -156,8 +169,12 @@ class OCIBackend:
         fallback: bool = True,
         teardown_threads: int = 2,
         runc_with: str = "runc",
+        engine: bool = True,
     ) -> None:
         self.docker = docker
+        #: False: no Docker engine on this host (or not to be used): every run is direct, configs
+        #: are made here (generate.py), images come from the store; what needs an engine is refused.
+        self.engine = engine
         #: What starts runc-class sandboxes: runc itself, or bubblewrap (bwrap.py) where its
         #: translation of Docker's config has no gap (else runc).
         self.runc_with = runc_with
@@ -169,7 +186,7 @@ class OCIBackend:
         self.state = state
         self.fallback = fallback
         self._store_full_said = -1e9  # when the store's full disk was last logged
-        self.store = RootfsStore(store / "images", lambda: self.docker.api)
+        self.store = RootfsStore(store / "images", lambda: self.docker.api, engine=engine)
         #: Programs compiled here (bwrap.exec_helper): on the store's disk, not /run (often noexec).
         self.helpers = store / "bin"
         self.templates = Templates(store / "templates", self._capture, self._salt)
@@ -248,6 +265,8 @@ class OCIBackend:
     def _check_host(self) -> str | None:
         if os.geteuid() != 0:
             return "the direct backend needs root (it starts runc itself)"
+        if not self.engine:
+            return self._check_host_without_engine()
         raw = self.docker.engine_info()
         if str(raw.get("CgroupVersion")) != "1" or raw.get("CgroupDriver") != "cgroupfs":
             return (
@@ -267,7 +286,27 @@ class OCIBackend:
             return f"none of {', '.join(DIRECT_RUNTIMES)} is registered with the engine and installed"
         return None
 
+    def _check_host_without_engine(self) -> str | None:
+        """What the engine's info says otherwise: cgroup v1 (read from the host's mounts), and the
+        runtimes found on PATH (runsc with the arguments scripts/engine-up.sh registers it with)."""
+        mounts = Path("/proc/self/mounts").read_text().split("\n")
+        if not any(line.split()[1:3] == ["/sys/fs/cgroup/memory", "cgroup"] for line in mounts if line):
+            return "only cgroup v1 (a memory hierarchy at /sys/fs/cgroup/memory) is verified"
+        for name, args in (("runc", []), ("runsc", list(RUNSC_ARGS))):
+            path = shutil.which(name)
+            if path:
+                self._runtimes[name] = [path, *args]
+        if "runc" not in self._runtimes:
+            return "runc is not installed (apt-get install runc)"
+        return None
+
     def _salt(self) -> str:
+        if not self.engine:  # the configs are made here: this code and the profile shape them
+            code = b"".join(
+                resources.files(pkg).joinpath(name).read_bytes()
+                for pkg, name in (("sandloop.runtime.docker", "seccomp.json"), ("sandloop.runtime.oci", "generate.py"))
+            )
+            return json.dumps(["made here", self._runtimes, hashlib.sha256(code).hexdigest()], sort_keys=True)
         raw = self.docker.engine_info()
         # The profile and the code that shapes Docker's config: a change to either is a new template.
         docker_dir = resources.files("sandloop.runtime.docker")
@@ -282,7 +321,10 @@ class OCIBackend:
         )
 
     def _capture(self, spec: SandboxSpec) -> dict[str, Any]:
-        """Docker's config for ``spec``, read from the bundle of a container Docker started."""
+        """Docker's config for ``spec``, read from the bundle of a container Docker started (made
+        here, as Docker would, without an engine)."""
+        if not self.engine:
+            return docker_config(spec, self.store.image_config(spec.image))
         sandbox = self.docker.launch(spec, purpose="template", lifetime_seconds=30)
         try:
             found = docker_bundle_config(sandbox.id)
@@ -307,6 +349,8 @@ class OCIBackend:
             if not (is_kernel_spec(spec) and spec.limits.runtime == "runsc"):
                 return "sessions' runs, and interpreters on runc, run through Docker"
             spec = replace(spec, volumes=())  # bound here as Docker binds them (kernels.py)
+        if not self.engine and spec.limits.seccomp != "sandloop":
+            return f"seccomp={spec.limits.seccomp!r} is Docker's built-in profile"
         key = replace(spec, labels=())
         if key not in self._spec_problems:
             self._spec_problems[key] = "; ".join(parity_problems(self.templates.get(spec)))
@@ -316,14 +360,38 @@ class OCIBackend:
         why = self.why_not_direct(spec)
         if why is None:
             return True
+        if not self.engine:
+            raise EngineUnavailable(f"{why}; this backend runs without Docker (engine=false): {NO_ENGINE_HINT}")
         if not self.fallback and not (spec.volumes or spec.command or spec.limits.network or spec.limits.egress):
             raise SandboxError(f"the direct OCI backend cannot run this: {why} (set fallback to use Docker)")
         return False
 
+    def _engine(self, what: str) -> DockerBackend:
+        """The Docker engine, for ``what``; refused when this backend runs without one."""
+        if not self.engine:
+            raise EngineUnavailable(
+                f"{what} needs Docker, and this backend runs without it (engine=false): {NO_ENGINE_HINT}"
+            )
+        return self.docker
+
     # -- engine-level ------------------------------------------------------------------------
     def info(self) -> BackendInfo:
-        inner = self.docker.info()
         problem = self.host_problem()
+        if not self.engine:
+            return BackendInfo(
+                name=self.name,
+                version=f"no engine; {', '.join(sorted(self._runtimes)) or 'no runtime'}",
+                runtimes=tuple(sorted(self._runtimes)) if problem is None else (),
+                quotas_enforced=False,
+                isolated=True,
+                details={
+                    "direct runs": "off: " + problem if problem else ", ".join(sorted(self._runtimes)),
+                    "runc-class started by": self.runc_starter(),
+                    "engine": "none (engine=false): configs made here, images from the store",
+                    NO_DOCKER: WITHOUT_ENGINE,
+                },
+            )
+        inner = self.docker.info()
         direct = "off: " + problem if problem else ", ".join(sorted(self._runtimes))
         return BackendInfo(
             name=self.name,
@@ -342,17 +410,19 @@ class OCIBackend:
         )
 
     def has_image(self, image: str) -> bool:
-        return self.docker.has_image(image)
+        return self.docker.has_image(image) if self.engine else self.store.has(image)
 
-    def image_builder(self) -> ImageBuilder:
-        """Templates are Docker images here; the store exports each by its id on first use."""
-        return self.docker.image_builder()
+    def image_builder(self) -> ImageBuilder | None:
+        """Templates are Docker images here; the store exports each by its id on first use
+        (None without an engine: templates are built by Docker)."""
+        return self.docker.image_builder() if self.engine else None
 
     def close(self) -> None:
         self.drain(30)
         for _ in self._workers:
             self._teardowns.put(None)
-        self.docker.close()
+        if self.engine:
+            self.docker.close()
 
     # -- one run -----------------------------------------------------------------------------
     def run(self, request: RunRequest) -> ExecutionResult:
@@ -367,13 +437,13 @@ class OCIBackend:
 
     def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> DirectSandbox | LiveSandbox:
         if not self._direct(spec):
-            return self.docker.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
+            return self._engine("this sandbox").launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
         if is_kernel_spec(spec):
             return self.kernels.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
         try:
             rootfs = self.store.rootfs(spec.image)
         except HostDiskFull as exc:  # the store's disk is full: Docker's own may not be
-            if not self.fallback:
+            if not self.fallback or not self.engine:
                 raise
             now = time.monotonic()
             if now - self._store_full_said > 60:
@@ -542,7 +612,8 @@ class OCIBackend:
     def prefetch_image(self, image: str, *, wait: bool = False, force: bool = False) -> None:
         """Read the image's programs into the page cache from the host (the store's copy and
         Docker's layers, since both serve runs)."""
-        self.docker.prefetch_image(image, wait=wait, force=force)
+        if self.engine:
+            self.docker.prefetch_image(image, wait=wait, force=force)
         if self.host_problem() is None:
             with contextlib.suppress(HostDiskFull):  # then runs go through Docker (see launch)
                 self._prefetch(self.store.rootfs(image), wait=wait, force=force)
@@ -688,7 +759,7 @@ class OCIBackend:
             found = self.kernels.find(session_id, spec)
             if found is not None:
                 return found
-        return self.docker.find_kernel(session_id, spec)
+        return self.docker.find_kernel(session_id, spec) if self.engine else None
 
     # -- memory snapshots (kernels.py) ---------------------------------------------------------
     def checkpoint_problem(self, kernel: DirectSandbox | LiveSandbox) -> str | None:
@@ -835,16 +906,17 @@ class OCIBackend:
 
     # -- workspaces: Docker's ------------------------------------------------------------------
     def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef:
-        return self.docker.create_workspace(session_id, quota_bytes, owner_uid_gid)
+        return self._engine("a session").create_workspace(session_id, quota_bytes, owner_uid_gid)
 
     def ensure_workspace(self, session_id: str, ref: WorkspaceRef) -> None:
-        self.docker.ensure_workspace(session_id, ref)
+        self._engine("a session").ensure_workspace(session_id, ref)
 
     def delete_workspace(self, session_id: str) -> None:
-        self.docker.delete_workspace(session_id)
+        if self.engine:
+            self.docker.delete_workspace(session_id)
 
     def workspace_on_host(self, session_id: str, ref: WorkspaceRef) -> Path | None:
-        return self.docker.workspace_on_host(session_id, ref)
+        return self.docker.workspace_on_host(session_id, ref) if self.engine else None
 
     # -- housekeeping --------------------------------------------------------------------------
     def direct_bundles(self) -> list[Owned]:
@@ -867,7 +939,7 @@ class OCIBackend:
         return out
 
     def owned(self) -> list[Owned]:
-        return self.docker.owned() + self._bundles()
+        return (self.docker.owned() if self.engine else []) + self._bundles()
 
     def remove(self, item: Owned) -> str | None:
         if item.kind == "sandbox" and (self.state / "bundles" / item.id).is_dir():
@@ -878,10 +950,10 @@ class OCIBackend:
                 log.warning("could not remove %s: %s", item.id, exc)
                 return str(exc)
             return None
-        return self.docker.remove(item)
+        return self.docker.remove(item) if self.engine else None
 
     def remove_labelled(self, label: str, value: str) -> int:
-        n = self.docker.remove_labelled(label, value)
+        n = self.docker.remove_labelled(label, value) if self.engine else 0
         for item in self._bundles():
             if item.labels.get(label) == value:
                 self.remove(item)
@@ -894,8 +966,8 @@ class OCIBackend:
         # leaves no stopped state, cgroup or bundle behind.
         with self._pending_lock:
             pending = self._pending
-        return self.docker.retry_removals() + pending
+        return (self.docker.retry_removals() if self.engine else 0) + pending
 
     def sweep_orphans(self, min_age: float | None = None) -> int:
         # Direct sandboxes need no engine, so no outage orphans them: the engine's containers only.
-        return self.docker.sweep_orphans(min_age)
+        return self.docker.sweep_orphans(min_age) if self.engine else 0

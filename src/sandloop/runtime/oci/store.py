@@ -5,11 +5,19 @@
 The directory is then bind-mounted read-only onto itself, so nothing (not runc, not a bug of ours,
 not a sandbox) can write to it; runs mount it read-only again inside their own mount namespace.
 Stores whose image is gone are removed by ``gc``.
+
+Each store also keeps what a run needs of the image without asking Docker: ``image.json`` (the
+image's config: env, entrypoint, working directory) and a ref per name (``refs/``), so a host
+without an engine (``engine=False``) finds images by name. A root file system built without
+Docker (``images/build.py``, ``build_rootfs``) is put here the same way, with ``built`` beside it:
+no engine knows it, so ``gc`` keeps it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -22,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sandloop.contract import HostDiskFull, SandboxError
+from sandloop.paths import unmount_below
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +44,81 @@ def _mounted(path: Path) -> bool:
         return any(line.split()[4] == target for line in f)
 
 
+#: Beside a root file system made without Docker (no engine lists it: ``gc`` keeps it).
+BUILT = "built"
+IMAGE_CONFIG = "image.json"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    tmp.write_text(text)
+    tmp.rename(path)
+
+
 class RootfsStore:
-    def __init__(self, directory: Path, api: Callable[[], Any]) -> None:
+    def __init__(self, directory: Path, api: Callable[[], Any], *, engine: bool = True) -> None:
         self.directory = directory
         self._api = api
+        #: False: no Docker engine is asked anything (images are found by their refs).
+        self.engine = engine
         self._lock = threading.Lock()
         self._ready: dict[str, Path] = {}
 
+    def _ref(self, image: str) -> Path:
+        return self.directory / "refs" / hashlib.sha256(image.encode()).hexdigest()[:32]
+
+    def add_ref(self, image: str, image_id: str) -> None:
+        _write_atomically(self._ref(image), json.dumps({"name": image, "id": image_id}))
+
+    def _ref_id(self, image: str) -> str | None:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            return str(json.loads(self._ref(image).read_text())["id"])
+        return None
+
     def image_id(self, image: str) -> str:
-        return str(self._api().inspect_image(image)["Id"]).split(":", 1)[-1]
+        """The image's id: the engine's (its ref noted for runs without it), else the ref's."""
+        if not self.engine:
+            found = self._ref_id(image)
+            if found is None or not (self.directory / found / "rootfs").is_dir():
+                raise SandboxError(
+                    f"the image {image} is not in the store {self.directory}, and this backend runs without "
+                    "Docker: build it there with `sandloop images build --no-docker`"
+                )
+            return found
+        image_id = str(self._api().inspect_image(image)["Id"]).split(":", 1)[-1]
+        if self._ref_id(image) != image_id:
+            self.add_ref(image, image_id)
+        return image_id
+
+    def _referenced(self) -> set[str]:
+        """The ids some name still points at."""
+        out = set()
+        for ref in (self.directory / "refs").glob("*"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                out.add(str(json.loads(ref.read_text())["id"]))
+        return out
+
+    def has(self, image: str) -> bool:
+        try:
+            self.image_id(image)
+        except SandboxError:
+            return False
+        return True
+
+    def image_config(self, image: str) -> dict[str, Any]:
+        """The image's config (``Env``, ``Entrypoint``, ``Cmd``, ``WorkingDir``), kept beside its
+        root file system (read from the engine once where there is one)."""
+        image_id = self.image_id(image)
+        path = self.directory / image_id / IMAGE_CONFIG
+        with contextlib.suppress(OSError, ValueError):
+            loaded: dict[str, Any] = json.loads(path.read_text())
+            return loaded
+        if not self.engine:
+            raise SandboxError(f"the store's copy of {image} has no {IMAGE_CONFIG}: build it again")
+        config: dict[str, Any] = self._api().inspect_image(image).get("Config") or {}
+        _write_atomically(path, json.dumps(config))
+        return config
 
     def rootfs(self, image: str) -> Path:
         """The read-only root file system of ``image``, exported on first use."""
@@ -55,6 +130,8 @@ class RootfsStore:
             path = self.directory / image_id / "rootfs"
             if not path.is_dir():
                 self._export(image, image_id, path)
+            if self.engine and not (path.parent / IMAGE_CONFIG).is_file():
+                self.image_config(image)  # an export made before image configs were kept
             if not _mounted(path):
                 subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], check=True, capture_output=True)
             self._ready[image] = path
@@ -106,6 +183,7 @@ class RootfsStore:
                 raise SandboxError(f"exporting {image} for the direct backend failed: {said}")
             tmp.chmod(0o755)
             path.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomically(path.parent / IMAGE_CONFIG, json.dumps(api.inspect_image(image).get("Config") or {}))
             tmp.rename(path)
             log.info("exported %s into %s", image, path)
         finally:
@@ -115,22 +193,27 @@ class RootfsStore:
                 shutil.rmtree(tmp, ignore_errors=True)
 
     def gc(self, in_use: set[Path] | None = None) -> list[str]:
-        """Remove stores whose image the engine no longer has (and no live bundle uses), and
-        exports a crash interrupted."""
+        """Remove stores whose image the engine no longer has, or built here and no longer named
+        (unless a live bundle uses them), and exports or builds a crash interrupted."""
         in_use = in_use or set()
         if not self.directory.is_dir():
             return []
-        images = {str(i["Id"]).split(":", 1)[-1] for i in self._api().images(all=True)}
+        images = {str(i["Id"]).split(":", 1)[-1] for i in self._api().images(all=True)} if self.engine else set()
         removed = []
         for entry in self.directory.iterdir():
             rootfs = entry / "rootfs"
-            if entry.name.startswith(".export-"):
+            if entry.name.startswith((".export-", ".build-")):
                 if time.time() - entry.stat().st_mtime > 600:  # not one in progress elsewhere
+                    unmount_below(entry)
                     shutil.rmtree(entry, ignore_errors=True)
                     removed.append(entry.name)
                 continue
-            if entry.name in images or rootfs in in_use:
+            if entry.name == "refs" or entry.name in images or rootfs in in_use:
                 continue
+            if not self.engine and not (entry / BUILT).exists():
+                continue  # an export: whether its image is gone only the engine knows
+            if (entry / BUILT).exists() and entry.name in self._referenced():
+                continue  # built here (no engine lists it) and still named: kept
             if _mounted(rootfs):
                 subprocess.run(["umount", str(rootfs)], capture_output=True)
             shutil.rmtree(entry, ignore_errors=True)
