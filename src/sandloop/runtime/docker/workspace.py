@@ -57,6 +57,8 @@ class DockerWorkspaces:
     def __init__(self, api: Any, home: Path) -> None:
         self._api = api  # a callable returning the docker APIClient (connected lazily)
         self.root = home / "sessions"
+        #: False (no Docker engine): no volume is made; the direct backend binds the loop mount.
+        self.volumes = True
 
     def _dir(self, session_id: str) -> Path:
         return self.root / session_id
@@ -125,11 +127,14 @@ class DockerWorkspaces:
             shutil.rmtree(mnt / "lost+found", ignore_errors=True)
             opts: dict[str, str] | None = {"type": "none", "o": "bind", "device": str(mnt)}
             enforced = True
+        elif not self.volumes:
+            raise SandboxError("a workspace without Docker is a loop-mounted ext4 image: it needs root and mkfs.ext4")
         else:
             log.warning("no root or no loop mounts: session %s gets a workspace without a quota", session_id)
             opts, enforced = None, False
-        with engine_errors():
-            self._api().create_volume(volume, driver="local", driver_opts=opts, labels=labels)
+        if self.volumes:
+            with engine_errors():
+                self._api().create_volume(volume, driver="local", driver_opts=opts, labels=labels)
         return WorkspaceRef(volume, enforced)
 
     def _mount(self, d: Path) -> None:
@@ -153,8 +158,9 @@ class DockerWorkspaces:
     def delete(self, session_id: str) -> None:
         """Remove the volume, the mount and the image. Idempotent, best effort."""
         d = self._dir(session_id)
-        with contextlib.suppress(Exception):
-            self._api().remove_volume(volume_name(session_id), force=True)
+        if self.volumes:
+            with contextlib.suppress(Exception):
+                self._api().remove_volume(volume_name(session_id), force=True)
         mnt = d / "mnt"
         if os.path.ismount(mnt):
             subprocess.run(["umount", str(mnt)], capture_output=True, check=False)

@@ -19,6 +19,11 @@ What goes to Docker instead (``DockerBackend``, the same limits): sessions (work
 interpreters), ``network=True``, runtimes this backend does not start directly, and every run on
 a host where parity with Docker cannot be established (not root, another cgroup mode or driver,
 a config with hooks, AppArmor or SELinux). ``info()`` and ``sandloop doctor`` say which.
+
+Without an engine (``engine=false``): the configs are made here (``generate.py``), images come from
+the store (``store.py``'s refs), every session sandbox is direct (workspaces are bound in by
+``kernels.bind_workspaces``; interpreters held by ``shim.py`` under runc or runsc), and what needs
+Docker (networks, egress, templates, Docker's built-in seccomp profile) is refused with why.
 """
 
 from __future__ import annotations
@@ -75,15 +80,13 @@ THROUGH_DOCKER = (
 )
 #: What needs a Docker engine even where every run is direct (docs/runtimes.md, "What still needs Docker").
 NEEDS_DOCKER = (
-    "building the runtime image and templates (the store exports them from Docker), the first run of each "
-    "sandbox shape (its config is Docker's, captured once), sessions' workspaces (Docker volumes)"
+    "with an engine: building the runtime image and templates (the store exports them from Docker), the first "
+    "run of each sandbox shape (its config is Docker's, captured once), sessions' workspaces (Docker volumes); "
+    "without one (engine=false): none of these, see docs/runtimes.md"
 )
 
 #: What a backend without an engine (engine=false) refuses (docs/runtimes.md, "Without Docker").
-WITHOUT_ENGINE = (
-    "sessions (their workspaces and file calls are Docker's), network=True, egress allowlists, templates, "
-    "seccomp='docker-default'"
-)
+WITHOUT_ENGINE = "network=True, egress allowlists, templates, seccomp='docker-default'"
 NO_ENGINE_HINT = (
     "single runs on runc (bubblewrap) and runsc work without it; for the rest, start Docker and drop "
     "engine=false from SANDLOOP_BACKEND"
@@ -175,6 +178,8 @@ class OCIBackend:
         #: False: no Docker engine on this host (or not to be used): every run is direct, configs
         #: are made here (generate.py), images come from the store; what needs an engine is refused.
         self.engine = engine
+        if not engine:  # workspaces are their loop mounts, bound in here (kernels.bind_workspaces)
+            docker.workspaces.volumes = False
         #: What starts runc-class sandboxes: runc itself, or bubblewrap (bwrap.py) where its
         #: translation of Docker's config has no gap (else runc).
         self.runc_with = runc_with
@@ -346,7 +351,9 @@ class OCIBackend:
         if spec.limits.egress:
             return "egress allowlists run through Docker"
         if spec.volumes or spec.command:
-            if not (is_kernel_spec(spec) and spec.limits.runtime == "runsc"):
+            # Without an engine every session sandbox is direct; with one, gVisor's interpreters
+            # (for their memory checkpoints), and the rest goes through Docker.
+            if self.engine and not (is_kernel_spec(spec) and spec.limits.runtime == "runsc"):
                 return "sessions' runs, and interpreters on runc, run through Docker"
             spec = replace(spec, volumes=())  # bound here as Docker binds them (kernels.py)
         if not self.engine and spec.limits.seccomp != "sandloop":
@@ -451,11 +458,14 @@ class OCIBackend:
                 log.warning("running through Docker until the store can be exported: %s", exc)
             return self.docker.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
         self._prefetch(rootfs)
-        template = self.templates.get(spec)
+        template = self.templates.get(replace(spec, volumes=()))
         runtime: str = spec.limits.runtime
-        if runtime == "runc" and self._bwrap is not None and not self.bwrap_gaps(template):
+        # a workspace bound in (a session's run without an engine) is a mount bwrap's translation
+        # does not make: runc starts those
+        if runtime == "runc" and self._bwrap is not None and not spec.volumes and not self.bwrap_gaps(template):
             runtime = BWRAP
         sandbox_id, bundle, config = self.new_config(template, rootfs, spec, purpose, lifetime_seconds, runtime)
+        self.kernels.bind_workspaces(config, spec.volumes)
         host_tmp = bundle / HOST_TMP if binds_host_tmp(template) else None
         bundles = bundle.parent
         bundles.mkdir(parents=True, exist_ok=True)
@@ -764,7 +774,7 @@ class OCIBackend:
     # -- memory snapshots (kernels.py) ---------------------------------------------------------
     def checkpoint_problem(self, kernel: DirectSandbox | LiveSandbox) -> str | None:
         """Why this interpreter's memory cannot be checkpointed (None: it can)."""
-        if isinstance(kernel, DirectKernel):
+        if isinstance(kernel, DirectKernel) and kernel.runtime == "runsc":
             return None
         if kernel.spec.limits.runtime != "runsc":
             return (
@@ -774,8 +784,9 @@ class OCIBackend:
         return f"this interpreter runs through Docker ({self.why_not_direct(kernel.spec)})"
 
     def checkpoint(self, kernel: DirectSandbox | LiveSandbox, directory: Path) -> int:
-        if not isinstance(kernel, DirectKernel):
-            raise SandboxError(self.checkpoint_problem(kernel) or "not a direct interpreter")
+        problem = self.checkpoint_problem(kernel)
+        if problem or not isinstance(kernel, DirectKernel):
+            raise SandboxError(problem or "not a direct interpreter")
         return self.kernels.checkpoint(kernel, directory)
 
     def restore(self, spec: SandboxSpec, directory: Path, *, lifetime_seconds: float) -> LiveSandbox:
@@ -872,7 +883,7 @@ class OCIBackend:
             if holder:  # a held interpreter: its own `runsc run` cleans up once its sandbox is killed
                 self._kill_pid_file(self.state / "bundles" / sandbox_id, sandbox_id)
                 wait_for_holder(holder)  # (a `runsc delete` racing it waited ~5 s)
-            if not holder or any(root.glob(f"{sandbox_id}_*")):
+            if not holder or runtime == "runc" or any(root.glob(f"{sandbox_id}_*")):
                 argv = self._runtimes.get(runtime, [runtime])
                 subprocess.run(
                     [*argv, "--root", str(root), "delete", "--force", sandbox_id], capture_output=True, timeout=30
@@ -906,17 +917,16 @@ class OCIBackend:
 
     # -- workspaces: Docker's ------------------------------------------------------------------
     def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef:
-        return self._engine("a session").create_workspace(session_id, quota_bytes, owner_uid_gid)
+        return self.docker.create_workspace(session_id, quota_bytes, owner_uid_gid)
 
     def ensure_workspace(self, session_id: str, ref: WorkspaceRef) -> None:
-        self._engine("a session").ensure_workspace(session_id, ref)
+        self.docker.ensure_workspace(session_id, ref)
 
     def delete_workspace(self, session_id: str) -> None:
-        if self.engine:
-            self.docker.delete_workspace(session_id)
+        self.docker.delete_workspace(session_id)
 
     def workspace_on_host(self, session_id: str, ref: WorkspaceRef) -> Path | None:
-        return self.docker.workspace_on_host(session_id, ref) if self.engine else None
+        return self.docker.workspace_on_host(session_id, ref)
 
     # -- housekeeping --------------------------------------------------------------------------
     def direct_bundles(self) -> list[Owned]:

@@ -59,6 +59,8 @@ class DirectKernel(LiveSandbox):
     bundle: Path = Path()
     #: Restored without its CPU quota, not yet given it (``throttle``).
     quota_pending: bool = False
+    #: What started it: runsc, or runc (without a Docker engine; no memory checkpoints).
+    runtime: str = "runsc"
 
 
 def is_kernel_spec(spec: SandboxSpec) -> bool:
@@ -91,12 +93,22 @@ class DirectKernels:
     def __init__(self, backend: OCIBackend) -> None:
         self.backend = backend
 
-    @property
-    def _root(self) -> Path:
-        return self.backend.state / "runtime" / "runsc"
+    def _runtime(self, runtime: str, *args: str) -> list[str]:
+        root = self.backend.state / "runtime" / runtime
+        return [*self.backend.runtime_argv(runtime), "--root", str(root), *args]
 
     def _runsc(self, *args: str) -> list[str]:
-        return [*self.backend.runtime_argv("runsc"), "--root", str(self._root), *args]
+        return self._runtime("runsc", *args)
+
+    def bind_workspaces(self, config: dict[str, object], volumes: tuple[tuple[str, str], ...]) -> None:
+        """Each session workspace of ``volumes`` bound at its mount point, as Docker binds a named volume."""
+        mounts = config["mounts"]
+        assert isinstance(mounts, list)
+        for volume, destination in volumes:
+            source = self._workspace_dir(volume)
+            mounts.append(
+                {"destination": destination, "type": "bind", "source": str(source), "options": ["rbind", "rprivate"]}
+            )
 
     def _workspace_dir(self, volume: str) -> Path:
         """The host directory behind a session's workspace volume (its loop mount)."""
@@ -137,9 +149,10 @@ class DirectKernels:
 
     def _start(self, spec: SandboxSpec, purpose: str, lifetime_seconds: float, image: Path | None) -> DirectKernel:
         backend = self.backend
+        runtime = spec.limits.runtime  # runc only without an engine (OCIBackend.why_not_direct)
         rootfs = backend.store.rootfs(spec.image)
         template = backend.templates.get(replace(spec, volumes=()))
-        sandbox_id, bundle, config = backend.new_config(template, rootfs, spec, purpose, lifetime_seconds, "runsc")
+        sandbox_id, bundle, config = backend.new_config(template, rootfs, spec, purpose, lifetime_seconds, runtime)
         bundles = bundle.parent
         cpu = (config["linux"].get("resources") or {}).get("cpu") or {}
         quota_after = ""
@@ -149,11 +162,7 @@ class DirectKernels:
             # first answer (``throttle``), or as soon as any process finds it (``find``).
             quota_after = f"{int(cpu['quota'])} {int(cpu.get('period') or 100_000)}"
             cpu.pop("quota")
-        for volume, destination in spec.volumes:  # as Docker binds a named volume
-            source = self._workspace_dir(volume)
-            config["mounts"].append(
-                {"destination": destination, "type": "bind", "source": str(source), "options": ["rbind", "rprivate"]}
-            )
+        self.bind_workspaces(config, spec.volumes)
         bundles.mkdir(parents=True, exist_ok=True)
         tmp = bundles / f".{sandbox_id}"
         tmp.mkdir(mode=0o700)
@@ -163,16 +172,19 @@ class DirectKernels:
         tmp.rename(bundle)
         listener: socket.socket | None = None
         try:
-            mount_host_tmpfs(bundle / "tmp", spec.limits)
+            if runtime == "runsc":
+                mount_host_tmpfs(bundle / "tmp", spec.limits)
+                backend.own_memory_cgroup(sandbox_id, config)
             if image is not None and (image / TMP).is_dir():  # the /tmp it had, file for file
                 subprocess.run(["cp", "-a", f"{image / TMP}/.", str(bundle / "tmp")], check=True, capture_output=True)
-            backend.own_memory_cgroup(sandbox_id, config)
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             listener.bind(str(bundle / SOCKET))
             os.chmod(bundle / SOCKET, 0o600)
             listener.listen(16)
             verb = ["run"] if image is None else ["restore", "--image-path", str(image / IMAGE)]
-            argv = self._runsc(*verb, "--bundle", str(bundle), "--pid-file", str(bundle / "pid"), sandbox_id)
+            if runtime == "runc":  # its state (and the cgroup's OOM counter) kept until deleted
+                verb.append("--keep")
+            argv = self._runtime(runtime, *verb, "--bundle", str(bundle), "--pid-file", str(bundle / "pid"), sandbox_id)
             log_file = open(bundle / "shim.log", "wb")  # noqa: SIM115 - handed to the holder
             with log_file:
                 subprocess.run(
@@ -190,12 +202,13 @@ class DirectKernels:
         except BaseException as exc:
             if listener is not None:
                 listener.close()
-            self.backend.delete_direct(sandbox_id, "runsc")
+            self.backend.delete_direct(sandbox_id, runtime)
             if isinstance(exc, subprocess.CalledProcessError | OSError):
-                raise SandboxError(f"could not start the session's interpreter under runsc: {exc}") from exc
+                raise SandboxError(f"could not start the session's interpreter under {runtime}: {exc}") from exc
             raise
 
     def _connect(self, sandbox_id: str, bundle: Path, spec: SandboxSpec) -> DirectKernel:
+        runtime = spec.limits.runtime
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(str(bundle / SOCKET))
@@ -207,14 +220,15 @@ class DirectKernels:
             SocketChannel(sock),
             spec,
             time.monotonic(),
-            interrupt=lambda: self._signal(sandbox_id, "2"),
+            interrupt=lambda: self._signal(runtime, sandbox_id, "2"),
             cgroup=f"{self.backend.cgroup_parent}/{sandbox_id}",
             bundle=bundle,
             quota_pending=(bundle / QUOTA_AFTER).exists(),  # once a connection, not once a cell
+            runtime=runtime,
         )
 
-    def _signal(self, sandbox_id: str, signal: str) -> None:
-        subprocess.run(self._runsc("kill", sandbox_id, signal), capture_output=True, timeout=30, check=False)
+    def _signal(self, runtime: str, sandbox_id: str, signal: str) -> None:
+        subprocess.run(self._runtime(runtime, "kill", sandbox_id, signal), capture_output=True, timeout=30, check=False)
 
     # -- find, stop ----------------------------------------------------------------------------
     def find(self, session_id: str, spec: SandboxSpec) -> DirectKernel | None:
@@ -227,7 +241,7 @@ class DirectKernels:
             try:
                 found = self._connect(item.id, bundle, spec)
             except OSError:  # its holder is gone: so is the interpreter
-                self.backend.delete_direct(item.id, "runsc")
+                self.backend.delete_direct(item.id, spec.limits.runtime)
                 continue
             self.throttle(found)  # a restore whose restorer died before its first answer
             return found
@@ -247,7 +261,7 @@ class DirectKernels:
 
     def destroy(self, kernel: DirectKernel) -> None:
         kernel.channel.close()
-        self.backend.delete_direct(kernel.id, "runsc")
+        self.backend.delete_direct(kernel.id, kernel.runtime)
 
     # -- memory --------------------------------------------------------------------------------
     def checkpoint(self, kernel: DirectKernel, directory: Path) -> int:
