@@ -37,6 +37,7 @@ test: setup-dev
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest $(PYTEST_ARGS) $(SECOND_PASS)
 	SANDLOOP_BACKEND='{"type": "oci", "runc_with": "runc"}' $(VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/integration/test_isolation.py
+	SANDLOOP_BACKEND='$(NO_ENGINE)' $(VENV)/bin/sandloop images build --no-docker
 	SANDLOOP_BACKEND='$(NO_ENGINE)' $(VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/integration/test_isolation.py
 
 # No engine, no image: unit tests, and the backend contract on the test double (FakeBackend).

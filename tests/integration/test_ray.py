@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import docker
@@ -366,6 +367,46 @@ def _leftover_runs(since: float, running: bool = False) -> list[str]:
         return [c.id for c in found if float((c.attrs.get("Labels") or {}).get(created, "0")) >= since - 1]
     finally:
         client.close()
+
+
+def test_a_template_is_built_on_one_node_and_runs_on_every_node(root, tmp_path):
+    """Issue 24 on Ray: the steps run on the build node (a helper step's package sent from the
+    driver, RUN's log streamed back as it comes), runs and sessions from the template land on
+    both nodes, an image goes node to node keeping its id, removal reaches every node."""
+    from sandloop.images.templates import parse_steps_file
+    from sandloop.images.templates.build import image_name
+    from tests.template_packages import make_wheel
+
+    wheel = make_wheel(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "note.txt").write_text("from the template\n")
+    (tmp_path / "steps.yaml").write_text(
+        f"steps:\n  - pip_install: [{wheel}]\n  - run: echo started; mkdir -p /opt/t && echo 42 > /opt/t/answer\n"
+        "  - copy: {src: data, dest: /opt/data}\n  - env: {ON_RAY: cluster}\n"
+    )
+    name = f"ray-{uuid.uuid4().hex[:8]}"
+    ref, tagged = f"{name}:v1", image_name(name, "v1")
+    lines: list[str] = []
+    result = root.templates.build(
+        parse_steps_file(tmp_path / "steps.yaml", ref), on_event=lambda e: lines.append(e.line or "")
+    )
+    builder = root.backend.image_builder()
+    try:
+        assert any("started" in line for line in lines)  # the step's own output, from the build node
+        assert root.templates.get(ref).image_id == result.image_id
+        probe = "import tinypkg, os; print(tinypkg.ANSWER, open('/opt/t/answer').read().strip(), os.environ['ON_RAY'])"
+        with ThreadPoolExecutor(4) as pool:
+            runs = list(pool.map(lambda _: root.run_code(probe, template=ref), range(8)))
+        assert all(r.ok and r.stdout == "42 42 cluster\n" for r in runs), [r.stderr for r in runs]
+        assert {r.host for r in runs} == set(root.backend.node_ids())  # both nodes ran it
+        with root.create_session(template=ref) as s:
+            assert s.run_cell("print(open('/opt/data/note.txt').read(), end='')").stdout == "from the template\n"
+        build, other = builder.build_node(), next(n for n in root.backend.node_ids() if n != builder.build_node())
+        root.backend.node_call(other, "receive_image", build, tagged, timeout=600)  # docker save -> load
+        assert root.backend.node_call(other, "build", "inspect", tagged)["Id"] == result.image_id
+    finally:
+        root.templates.remove(ref)
+    assert all(root.backend.node_call(n, "build", "inspect", tagged) is None for n in root.backend.node_ids())
 
 
 def test_nothing_is_left_when_the_nodes_stop(root, ray_cluster):

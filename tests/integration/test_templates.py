@@ -486,3 +486,30 @@ def test_a_build_killed_mid_step_leaves_nothing_once_reaped_and_built_again(sl, 
     import glob
 
     assert [p for p in glob.glob("/tmp/sandloop-template-*") if f"-{proc.pid}-" in p] == []
+
+
+def test_an_image_sent_whole_comes_back_with_its_id_and_name(sl, tmp_path):
+    """What a Ray node receives (runtime/ray/images.py): ``docker save`` in chunks, the image
+    removed, ``docker load`` of those chunks: the same id, the template's name on it again."""
+    from sandloop.images.templates.build import image_name
+
+    name = f"{NAME}-sent"
+    path = steps_file(tmp_path, f"steps:\n  - run: echo {uuid.uuid4().hex} > /opt/marker\n")
+    result = sl.templates.build(parse_steps_file(path, f"{name}:v1"))
+    builder = sl.backend.image_builder()
+    tagged = image_name(name, "v1")
+    try:
+        chunks = list(builder.save(tagged))
+        assert sum(map(len, chunks)) > 1024 * 1024 and len(chunks) > 1
+        client = docker.from_env()
+        try:
+            client.images.remove(result.image_id, force=True)  # every tag of it: gone from the engine
+        finally:
+            client.close()
+        assert builder.inspect(tagged) is None and builder.inspect(result.image_id) is None
+        builder.load(iter(chunks))
+        assert builder.inspect(tagged)["Id"] == result.image_id
+        assert sl.run_code("print(open('/opt/marker').read().strip() != '')", template=f"{name}:v1").stdout == "True\n"
+    finally:
+        with contextlib.suppress(TemplateNotFound):
+            sl.templates.remove(f"{name}:v1")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandloop.runtime.oci.shim import QUOTA_AFTER, apply_pending_quota
+from sandloop.runtime.oci.shim import NOT_YET, QUOTA_AFTER, apply_pending_quota
 
 CPU = Path("/sys/fs/cgroup/cpu")
 
@@ -42,10 +42,15 @@ def test_the_pending_quota_is_applied_read_back_and_forgotten(tmp_path, cgroup):
     assert apply_pending_quota(str(bundle)) is None  # nothing pending: nothing to do
 
 
-def test_a_quota_that_cannot_be_applied_says_why_and_stays_pending(tmp_path):
+def test_a_quota_that_cannot_be_applied_says_why_and_stays_pending(tmp_path, cgroup):
+    # found while its restore is still starting (no cpu cgroup yet): pending, for the first answer
     bundle = _bundle(tmp_path, "/no-such-cgroup-here", "50000 100000")
-    why = apply_pending_quota(str(bundle))
-    assert why and "no-such-cgroup-here" in why
+    assert apply_pending_quota(str(bundle)) == NOT_YET
     assert (bundle / QUOTA_AFTER).exists()
     (bundle / QUOTA_AFTER).write_text("garbage")
-    assert apply_pending_quota(str(bundle))  # unreadable: said, not raised
+    why = apply_pending_quota(str(bundle))  # unreadable: said, not raised
+    assert why and why != NOT_YET
+    assert (bundle / QUOTA_AFTER).exists()
+    bundle = _bundle(tmp_path, f"/{cgroup.name}", "not-a-number 100000")
+    why = apply_pending_quota(str(bundle))  # the kernel refuses the value: said, still pending
+    assert why and why != NOT_YET and (bundle / QUOTA_AFTER).exists()

@@ -25,7 +25,7 @@ one looks inside.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -300,6 +300,19 @@ class ImageBuilder(Protocol):
     def change(
         self, parent: str, *, env: dict[str, str] | None = None, labels: dict[str, str] | None = None
     ) -> str: ...
+
+
+@runtime_checkable
+class ImageTransfer(Protocol):
+    """An engine's images whole, to be sent to another host (the Ray backend's nodes)."""
+
+    def save(self, ref: str) -> Iterator[bytes]:
+        """The image as ``docker save`` writes it, in chunks."""
+        ...
+
+    def load(self, chunks: Iterable[bytes]) -> None:
+        """An image ``save`` wrote (it keeps its id and its tags)."""
+        ...
 
 
 @runtime_checkable

@@ -97,9 +97,8 @@ class Templates:
         found = self._builder()
         if found is None:
             raise SandboxError(
-                "this backend cannot build or run templates (the test double, the Ray backend and the oci "
-                "backend without Docker, engine=false, run the runtime image only); use the docker or oci backend "
-                "with a Docker engine"
+                "this backend cannot build or run templates (the test double, and the oci backend without Docker, "
+                "engine=false, run the runtime image only); use the docker, oci (with a Docker engine) or ray backend"
             )
         return found
 

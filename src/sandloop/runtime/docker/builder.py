@@ -16,7 +16,7 @@ import contextlib
 import io
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import docker.errors
@@ -110,6 +110,17 @@ class DockerBuilder:
             except docker.errors.APIError as exc:
                 return str(exc.explanation or exc)
         return None
+
+    def save(self, ref: str) -> Iterator[bytes]:
+        """The image as ``docker save`` writes it (layers, config, its tags), in chunks."""
+        with engine_errors(ref):
+            yield from self.api.get_image(ref, chunk_size=4 * 1024 * 1024)
+
+    def load(self, chunks: Iterable[bytes]) -> None:
+        """An image ``save`` wrote, into this engine: the same id, its tags with it."""
+        with engine_errors():
+            for _ in self.api.load_image(chunks):  # the engine's progress lines
+                pass
 
     def containers_using(self, image_id: str) -> list[str]:
         """Running containers from ``image_id`` (a finished run's, still being removed, is not a user)."""

@@ -88,8 +88,8 @@ NEEDS_DOCKER = (
 #: What a backend without an engine (engine=false) refuses (docs/runtimes.md, "Without Docker").
 WITHOUT_ENGINE = "network=True, egress allowlists, templates, seccomp='docker-default'"
 NO_ENGINE_HINT = (
-    "single runs on runc (bubblewrap) and runsc work without it; for the rest, start Docker and drop "
-    "engine=false from SANDLOOP_BACKEND"
+    "runs and sessions on runc and runsc work without it; for the rest, start Docker and drop engine=false "
+    "from SANDLOOP_BACKEND"
 )
 #: The arguments runsc gets without an engine (scripts/engine-up.sh registers it with Docker so).
 RUNSC_ARGS = ("--platform=ptrace", "--network=none")
@@ -373,14 +373,6 @@ class OCIBackend:
             raise SandboxError(f"the direct OCI backend cannot run this: {why} (set fallback to use Docker)")
         return False
 
-    def _engine(self, what: str) -> DockerBackend:
-        """The Docker engine, for ``what``; refused when this backend runs without one."""
-        if not self.engine:
-            raise EngineUnavailable(
-                f"{what} needs Docker, and this backend runs without it (engine=false): {NO_ENGINE_HINT}"
-            )
-        return self.docker
-
     # -- engine-level ------------------------------------------------------------------------
     def info(self) -> BackendInfo:
         problem = self.host_problem()
@@ -444,7 +436,7 @@ class OCIBackend:
 
     def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> DirectSandbox | LiveSandbox:
         if not self._direct(spec):
-            return self._engine("this sandbox").launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
+            return self.docker.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
         if is_kernel_spec(spec):
             return self.kernels.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
         try:

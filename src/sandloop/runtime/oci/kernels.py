@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sandloop.contract import SandboxError, SnapshotIncompatible
 from sandloop.paths import tree_size
@@ -40,7 +40,7 @@ from sandloop.runtime.docker import LiveSandbox
 from sandloop.runtime.docker.stream import SocketChannel
 from sandloop.runtime.docker.workspace import volume_name
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
-from sandloop.runtime.oci.shim import QUOTA_AFTER, apply_pending_quota
+from sandloop.runtime.oci.shim import NOT_YET, QUOTA_AFTER, apply_pending_quota
 from sandloop.runtime.tmpfs import mount_host_tmpfs
 
 if TYPE_CHECKING:
@@ -100,13 +100,11 @@ class DirectKernels:
     def _runsc(self, *args: str) -> list[str]:
         return self._runtime("runsc", *args)
 
-    def bind_workspaces(self, config: dict[str, object], volumes: tuple[tuple[str, str], ...]) -> None:
+    def bind_workspaces(self, config: dict[str, Any], volumes: tuple[tuple[str, str], ...]) -> None:
         """Each session workspace of ``volumes`` bound at its mount point, as Docker binds a named volume."""
-        mounts = config["mounts"]
-        assert isinstance(mounts, list)
         for volume, destination in volumes:
             source = self._workspace_dir(volume)
-            mounts.append(
+            config["mounts"].append(
                 {"destination": destination, "type": "bind", "source": str(source), "options": ["rbind", "rprivate"]}
             )
 
@@ -254,6 +252,8 @@ class DirectKernels:
         if not kernel.quota_pending:
             return
         why = apply_pending_quota(str(kernel.bundle))
+        if why == NOT_YET:  # found while its restore is still starting: its first answer applies it
+            return
         if why:
             self.destroy(kernel)
             raise SandboxError(f"could not give the restored interpreter its CPU quota ({why}); it was removed")

@@ -31,6 +31,9 @@ MAX_PENDING_INPUT = 64 * 1024 * 1024
 #: answer applies it (``kernels.DirectKernels.throttle``); if the process restoring it died before,
 #: this holder applies it after ``SANDLOOP_RESTORE_QUOTA_SECONDS`` (30).
 QUOTA_AFTER = "cpu-quota-after-restore"
+#: What ``apply_pending_quota`` says while the restore has not made the sandbox's cpu cgroup yet
+#: (the quota stays pending: the first answer, or this holder later, applies it).
+NOT_YET = "the restored sandbox has no cpu cgroup yet"
 
 
 def apply_pending_quota(bundle: str) -> str | None:
@@ -42,6 +45,8 @@ def apply_pending_quota(bundle: str) -> str | None:
             quota, period = f.read().split()
         with open(os.path.join(bundle, "config.json")) as f:
             cgroup = "/sys/fs/cgroup/cpu" + json.load(f)["linux"]["cgroupsPath"]
+        if not os.path.isdir(cgroup):
+            return NOT_YET
         for name, value in (("cpu.cfs_period_us", period), ("cpu.cfs_quota_us", quota)):
             with open(os.path.join(cgroup, name), "w") as f:
                 f.write(value)
@@ -93,9 +98,9 @@ def main() -> int:
     while outputs or child_running:
         if quota_at and time.monotonic() > quota_at:
             why = apply_pending_quota(os.path.dirname(sys.argv[2]))
-            if why:
+            if why and why != NOT_YET:
                 sys.stderr.write(f"shim: could not apply the restored sandbox's CPU quota: {why}\n")
-            quota_at = 0.0
+            quota_at = time.monotonic() + 1 if why == NOT_YET else 0.0
         if child_running:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)

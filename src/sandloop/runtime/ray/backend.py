@@ -42,6 +42,7 @@ from sandloop.contract import (
 from sandloop.contract.egress import Secret
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
+from sandloop.runtime.ray.images import ClusterBuilder
 from sandloop.runtime.ray.node import NodeService, Registry, strip_for_the_wire
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ class RayBackend:
         self._inflight: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self._usable_nodes: list[str] = []
+        self._builder: ClusterBuilder | None = None
         self._turn = 0
         self._usable_at = 0.0
         self._registry = (
@@ -418,10 +420,24 @@ class RayBackend:
             },
         )
 
-    def image_builder(self) -> None:
-        """Not yet: a template is built on the driver's engine and must reach every node the way the
-        runtime image does (scripts/ship-image.sh); until then Ray sandboxes run the runtime image."""
-        return None
+    def image_builder(self) -> ClusterBuilder:
+        """Templates: built on one node, sent to every other (``images.py``)."""
+        with self._lock:
+            if self._builder is None:
+                self._builder = ClusterBuilder(self)
+            return self._builder
+
+    # -- what other rooms of this backend call (images.py) ---------------------------------------
+    def usable_nodes(self) -> list[str]:
+        return self._usable()
+
+    def node_call(self, node_id: str, method: str, *args: Any, timeout: float = QUICK, **kwargs: Any) -> Any:
+        return self._call(node_id, method, *args, timeout=timeout, **kwargs)
+
+    def node_stream(
+        self, node_id: str, method: str, *args: Any, timeout: float, on_output: Callable[[str, bytes], None] | None
+    ) -> Any:
+        return self._streamed(node_id, method, *args, timeout=timeout, on_output=on_output)
 
     def close(self) -> None:
         """Leaves the node actors running (they are the cluster's, and other drivers use them)."""

@@ -12,19 +12,26 @@ Both are plain classes here; ``backend.py`` makes them actors (``ray.remote``) w
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import queue
+import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
-from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, SandboxLimits
+from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, SandboxError, SandboxLimits
 from sandloop.contract.egress import Secret
-from sandloop.runtime.base import FullBackend, Owned, RunRequest, SandboxSpec, WorkspaceRef
+from sandloop.runtime.base import FullBackend, ImageBuilder, ImageTransfer, Owned, RunRequest, SandboxSpec, WorkspaceRef
 
 T = TypeVar("T")
+#: The image builder calls a driver may make on a node (``NodeService.build``).
+BUILDER_CALLS = frozenset(
+    {"inspect", "images", "tag", "remove_image", "containers_using", "read_file", "has_entries", "add_files", "change"}
+)
 #: What a streamed call yields: ("output", [(stream, bytes), ...]) as it comes, then ("result", R).
 Piece = tuple[str, Any]
 
@@ -264,6 +271,66 @@ class NodeService:
 
     def delete_workspace(self, session_id: str) -> None:
         self.root.backend.delete_workspace(session_id)
+
+    # -- templates: built on one node, received by the others (runtime/ray/images.py) -------------
+    def _builder(self) -> ImageBuilder:
+        builder = self.root.backend.image_builder()
+        if builder is None:
+            raise SandboxError(f"node {self.node_id[:12]}'s backend cannot build templates (it needs a Docker engine)")
+        return builder
+
+    def build(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One call of this node's image builder (only the calls ``BUILDER_CALLS`` names)."""
+        if method not in BUILDER_CALLS:
+            raise InvalidArgument(f"{method} is not an image builder call")
+        return getattr(self._builder(), method)(*args, **kwargs)
+
+    def build_step_stream(
+        self, call_id: str, parent: str, command: str, options: dict[str, Any], packages: bytes | None
+    ) -> Iterator[Piece]:
+        """A template's RUN step here, its log lines streamed as they come; ``packages``: a helper
+        step's packages (fetched on the driver), as a tar unpacked here for the step."""
+        yield from self._streamed(lambda emit, _cancel: self._step(parent, command, options, packages, emit), call_id)
+
+    def _step(
+        self,
+        parent: str,
+        command: str,
+        options: dict[str, Any],
+        packages: bytes | None,
+        emit: Callable[[str, bytes], None],
+    ) -> str:
+        with tempfile.TemporaryDirectory(prefix="sandloop-packages-") as tmp:
+            if packages is not None:
+                with tarfile.open(fileobj=io.BytesIO(packages)) as tar:
+                    tar.extractall(tmp, filter="data")  # nothing outside it, no devices, no links out
+            return str(
+                self._builder().run_step(
+                    parent,
+                    command,
+                    packages_dir=tmp if packages is not None else None,
+                    on_line=lambda line: emit("log", line.encode()),
+                    **options,
+                )
+            )
+
+    def _transfer(self) -> ImageTransfer:
+        builder = self._builder()
+        if not isinstance(builder, ImageTransfer):
+            raise SandboxError(f"node {self.node_id[:12]}'s engine cannot send or receive images")
+        return builder
+
+    def save_image(self, ref: str) -> Iterator[bytes]:
+        """The image whole, in chunks (a generator: Ray streams it to the node receiving it)."""
+        yield from self._transfer().save(ref)
+
+    def receive_image(self, source_node: str, ref: str) -> None:
+        """``ref`` from another node's engine into this one's (node to node: not through the driver)."""
+        import ray
+
+        source = ray.get_actor(f"sandloop-node-{source_node}", namespace=self.namespace)
+        stream: Any = source.save_image.remote(ref)
+        self._transfer().load(ray.get(chunk) for chunk in stream)
 
     # -- housekeeping ---------------------------------------------------------------------------
     def owned(self) -> list[Owned]:
