@@ -229,6 +229,22 @@ def test_the_cli_without_an_engine(built):
         timeout=120,
     )
     assert net.returncode != 0 and "engine=false" in net.stderr and "Traceback" not in net.stderr
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "sandloop", *args], capture_output=True, text=True, env=env, timeout=180
+        )
+        assert done.returncode == 0, (args, done.stderr)
+        return done.stdout
+
+    # a session across processes (its interpreter held by the shim, not by any one of them)
+    sid = cli("session", "create").strip()
+    try:
+        cli("session", "cell", sid, "-c", "x = 6 * 7")
+        assert "picklable" in cli("session", "pause", sid) + cli("session", "resume", sid)
+        assert cli("session", "cell", sid, "-c", "print(x)") == "42\n"
+    finally:
+        cli("session", "rm", sid)
     again = subprocess.run(
         [sys.executable, "-m", "sandloop", "images", "build", "--no-docker"],
         capture_output=True,

@@ -81,6 +81,18 @@ def _api_error(status, text):
         (docker.errors.ImageNotFound("No such image"), ImageMissing, "sandloop images build"),
         (_api_error(500, "Unknown runtime specified runsc"), RuntimeUnavailable, "engine-up.sh"),
         (_api_error(400, "Range of CPUs is from 0.01 to 2.00"), InvalidLimits, "Range of CPUs"),
+        # runc failing to start a container is not a missing runtime, though its text says "runtime ... unknown"
+        (
+            _api_error(
+                500,
+                "failed to create shim task: OCI runtime create failed: runc create failed: unable to start "
+                "container process: error during container init: error setting rlimits for ready process: "
+                "error setting rlimit type 7: operation not permitted: unknown",
+            ),
+            InvalidLimits,
+            "open_files",
+        ),
+        (_api_error(500, "OCI runtime create failed: something else: unknown"), EngineUnavailable, "500"),
         (_api_error(500, "something broke"), EngineUnavailable, "something broke"),
         # a conflict or a refusal is the engine's state, not the caller's limits
         (_api_error(409, "container is marked for removal"), EngineUnavailable, "409"),

@@ -25,7 +25,14 @@ def engine_errors(image: str | None = None, runtime: str | None = None) -> Itera
     except docker.errors.APIError as exc:
         text = str(exc.explanation or exc)
         lowered = text.lower()
-        if "runtime" in lowered and ("unknown" in lowered or "not found" in lowered or "no such" in lowered):
+        if "error setting rlimit" in lowered:
+            # the engine's own processes have a lower ceiling than the one asked for (open_files)
+            raise InvalidLimits(
+                f"the Docker engine could not give the sandbox these limits ({text}); ask for less (open_files), "
+                "or raise the engine's own limit (LimitNOFILE of docker.service and containerd.service)"
+            ) from exc
+        unknown_runtime = "unknown runtime" in lowered or "runtime not found" in lowered or "no such runtime" in lowered
+        if unknown_runtime or ("runtime" in lowered and "not found" in lowered and "oci runtime" not in lowered):
             raise RuntimeUnavailable(
                 f"the Docker engine has no {runtime!r} runtime ({text}). Register gVisor with "
                 "scripts/engine-up.sh, or use runtime='runc'."
