@@ -22,9 +22,12 @@ templates themselves are images and survive.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime
 import hashlib
 import hmac
+import json
 import os
 import re
 import shlex
@@ -92,14 +95,75 @@ class Build:
         del self.logs[:-10_000]  # bounded
 
 
+#: Finished builds kept in memory; older ones are read back from their records (``records``).
+IN_MEMORY = 64
+#: Build records kept on disk per API key (the oldest finished ones go first).
+KEPT_PER_KEY = 200
+#: Log lines a build record keeps (the newest).
+RECORD_LOG_LINES = 2_000
+FINISHED = ("ready", "error")
+
+
 class E2BTemplates:
     def __init__(self, e2b: E2B) -> None:
         self.e2b = e2b
         self.root = e2b.api.root
         self.files = self.root.settings.home / "e2b-template-files"
+        #: One JSON record per build, so its status and log outlive the server (a restart).
+        self.records = self.root.settings.home / "e2b-builds"
         self._builds: dict[str, Build] = {}
         self._lock = threading.Lock()
         self._running = threading.BoundedSemaphore(2)
+
+    # -- build records ------------------------------------------------------------------------
+    def _record_path(self, build_id: str) -> Path | None:
+        try:
+            return self.records / f"{uuid.UUID(build_id)}.json"
+        except (ValueError, TypeError):
+            return None  # not a build id (never a path: it comes from the URL)
+
+    def _save(self, build: Build) -> None:
+        """The build's record on disk (its log's newest lines); the oldest finished records of
+        its key beyond ``KEPT_PER_KEY`` go, and finished builds beyond ``IN_MEMORY`` leave memory."""
+        path = self._record_path(build.build_id)
+        if path is None:
+            return
+        record = {**dataclasses.asdict(build), "logs": build.logs[-RECORD_LOG_LINES:]}
+        self.records.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+        tmp.write_text(json.dumps(record))
+        tmp.rename(path)
+        if build.status in FINISHED:
+            self._prune(build.token_id)
+            with self._lock:
+                done = sorted((b for b in self._builds.values() if b.status in FINISHED), key=lambda b: b.created)
+                for old in done[: max(0, len(done) - IN_MEMORY)]:
+                    self._builds.pop(old.build_id, None)
+
+    def _prune(self, token_id: str) -> None:
+        mine = []
+        for path in self.records.glob("*.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                record = json.loads(path.read_text())
+                if record["token_id"] == token_id and record["status"] in FINISHED:
+                    mine.append((float(record["created"]), path))
+        for _, path in sorted(mine)[: max(0, len(mine) - KEPT_PER_KEY)]:
+            path.unlink(missing_ok=True)
+
+    def _load(self, build_id: str) -> Build | None:
+        """A build from its record; one a server stopped in the middle of is an error that says so."""
+        path = self._record_path(build_id)
+        if path is None:
+            return None
+        try:
+            build = Build(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        if build.status not in FINISHED:
+            message = "the server stopped during this build: start a new build (its finished steps are cached)"
+            build.log(message, "error")
+            build.status, build.reason = "error", {"message": message}
+        return build
 
     # -- names --------------------------------------------------------------------------------
     def _ref(self, name: str) -> tuple[str, str]:
@@ -111,6 +175,8 @@ class E2BTemplates:
     def _build(self, token: Token, template_id: str, build_id: str) -> Build:
         with self._lock:
             build = self._builds.get(build_id)
+        if build is None:
+            build = self._load(build_id)
         if build is None or build.token_id != token.id or build.template_id != template_id:
             raise E2BError(404, f"build {build_id} of template {template_id} not found")
         return build
@@ -133,6 +199,7 @@ class E2BTemplates:
             if len(mine) >= 4:
                 raise E2BError(429, "this key has 4 template builds under way: wait for one to finish")
             self._builds[build.build_id] = build
+        self._save(build)
         return {
             "templateID": name,
             "buildID": build.build_id,
@@ -194,8 +261,12 @@ class E2BTemplates:
             shutil.rmtree(context, ignore_errors=True)
             with self._lock:
                 self._builds.pop(build_id, None)
+            path = self._record_path(build_id)
+            if path is not None:
+                path.unlink(missing_ok=True)
             raise
         build.status = "building"
+        self._save(build)
         threading.Thread(
             target=self._run, args=(token, build, spec, force, context), name="sandloop-e2b-build", daemon=True
         ).start()
@@ -236,6 +307,7 @@ class E2BTemplates:
             build.status = "error"
         finally:
             shutil.rmtree(context, ignore_errors=True)
+            self._save(build)
 
     def status(self, token: Token, template_id: str, build_id: str, offset: int) -> dict[str, Any]:
         build = self._build(token, template_id, build_id)
