@@ -152,7 +152,8 @@ class RootfsStore:
 
     def _export(self, image: str, image_id: str, path: Path) -> None:
         api = self._api()
-        self._check_space(image, int(api.inspect_image(image).get("Size") or 0))
+        inspected = api.inspect_image(image)
+        self._check_space(image, int(inspected.get("Size") or 0))
         tmp = self.directory / f".export-{image_id[:12]}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True, mode=0o700)
         container = api.create_container(image, command=["true"], network_disabled=True)["Id"]
@@ -183,7 +184,7 @@ class RootfsStore:
                 raise SandboxError(f"exporting {image} for the direct backend failed: {said}")
             tmp.chmod(0o755)
             path.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomically(path.parent / IMAGE_CONFIG, json.dumps(api.inspect_image(image).get("Config") or {}))
+            _write_atomically(path.parent / IMAGE_CONFIG, json.dumps(inspected.get("Config") or {}))
             tmp.rename(path)
             log.info("exported %s into %s", image, path)
         finally:
@@ -200,6 +201,7 @@ class RootfsStore:
             return []
         images = {str(i["Id"]).split(":", 1)[-1] for i in self._api().images(all=True)} if self.engine else set()
         removed = []
+        named = self._referenced()
         for entry in self.directory.iterdir():
             rootfs = entry / "rootfs"
             if entry.name.startswith((".export-", ".build-")):
@@ -212,7 +214,7 @@ class RootfsStore:
                 continue
             if not self.engine and not (entry / BUILT).exists():
                 continue  # an export: whether its image is gone only the engine knows
-            if (entry / BUILT).exists() and entry.name in self._referenced():
+            if (entry / BUILT).exists() and entry.name in named:
                 continue  # built here (no engine lists it) and still named: kept
             if _mounted(rootfs):
                 subprocess.run(["umount", str(rootfs)], capture_output=True)
