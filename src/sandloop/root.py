@@ -56,12 +56,19 @@ class ReapReport:
 
 
 class Sandloop:
-    def __init__(self, settings: Settings | None = None, *, backend: FullBackend | None = None) -> None:
+    def __init__(
+        self, settings: Settings | None = None, *, backend: FullBackend | None = None, records_elsewhere: bool = False
+    ) -> None:
+        """``records_elsewhere``: a cluster node's (``node_root``): its sessions' records are the
+        cluster's, kept and expired by the drivers (``SessionStore``)."""
         self.settings = settings or Settings()
         self.backend: FullBackend = backend or self.settings.build_backend(node_root)
         self.dispatcher = Dispatcher(self.backend, self.settings)
         self.sessions = SessionStore(
-            self.backend, self.settings.home, paused_retention=self.settings.paused_retention_seconds
+            self.backend,
+            self.settings.home,
+            paused_retention=self.settings.paused_retention_seconds,
+            records_elsewhere=records_elsewhere,
         )
         #: Sessions' snapshots (``sessions/snapshots.py``).
         self.snapshots = SnapshotStore(self.settings.home)
@@ -132,6 +139,13 @@ class Sandloop:
     def list_sessions(self) -> list[SessionRecord]:
         return self.sessions.list()
 
+    def session_here(self, record: dict[str, Any]) -> Session:
+        """A handle on a session this host holds whose record another keeps (a cluster node's
+        session, its record sent by the driver): for the calls that run where the session is."""
+        from sandloop.sessions.session import Session
+
+        return Session(root=self, _record=SessionRecord(**record))
+
     # -- upkeep ---------------------------------------------------------------------------------
     def reap(self, *, dry_run: bool = False) -> ReapReport:
         """Remove stale sandboxes and workspaces (expired, or their owner process died) and
@@ -162,7 +176,7 @@ class Sandloop:
 def node_root(overrides: dict[str, Any]) -> Sandloop:
     """What a cluster node runs its sandboxes with (the Ray backend's actor on each node): a local
     ``Sandloop`` from the node's own ``SANDLOOP_*`` environment and the driver's ``overrides``."""
-    return Sandloop(Settings(**overrides))
+    return Sandloop(Settings(**overrides), records_elsewhere=True)
 
 
 # -- the process-wide default, built on first use (``sandloop.run_code``, ``Session()``) ----------

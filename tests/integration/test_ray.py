@@ -5,6 +5,7 @@ twice, the live node takes the next), and nothing left behind."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ import httpx
 import pytest
 
 from sandloop import Sandloop
-from sandloop.contract import NodeLost, SessionLost
+from sandloop.contract import NodeLost, SandboxLimits, SessionLost, SessionNotPaused, SessionPaused
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
 from tests.conftest import ray_settings
 from tests.servers import serve_in_thread
@@ -407,6 +408,80 @@ def test_a_template_is_built_on_one_node_and_runs_on_every_node(root, tmp_path):
     finally:
         root.templates.remove(ref)
     assert all(root.backend.node_call(n, "build", "inspect", tagged) is None for n in root.backend.node_ids())
+
+
+def _kernels_of(backend, session_id: str) -> list[str]:
+    """The session's interpreters, as every node lists them."""
+    return [i.id for i in backend.owned() if i.kind == "sandbox" and i.labels.get(SESSION_LABEL) == session_id]
+
+
+def test_a_session_pauses_on_its_node_and_resumes_from_another_driver(root, ray_cluster, tmp_path):
+    """Issue 25 on Ray: the pause happens on the node holding the session (runc on these Docker
+    nodes keeps the Python state), nothing of it runs there while paused, every driver sees it
+    paused and is refused its cells, and another driver's attach resumes it where it lives."""
+    s = root.create_session(quota="32m")
+    try:
+        first = s.run_cell("import json; x = 41; names = ['a', 'b']")
+        s.write_file("notes.txt", "kept")
+        assert s.pause() == "state"
+        assert s.paused == "state"
+        assert _kernels_of(root.backend, s.id) == []  # no interpreter on its node while paused
+        with pytest.raises(SessionPaused):
+            s.run_cell("x")
+        with pytest.raises(SessionPaused):
+            s.run("print(1)")
+        with pytest.raises(SessionNotPaused):
+            s.pause()
+        assert root.sessions.paused(s.id) == "state"
+        backend = {"type": "ray", "address": ray_cluster.address, "node_backend": "docker"}
+        script = (
+            "import json\n"
+            "from sandloop import Sandloop, Settings\n"
+            f"sl = Sandloop(Settings(backend={backend!r}, pool_size=0, home={str(tmp_path / 'other-host')!r}))\n"
+            f"s = sl.attach_session({s.id!r})\n"  # attaching resumes it, on its node
+            "c = s.run_cell('json.dumps([x + 1, names])')\n"
+            "print(json.dumps([c.value, c.host, s.read_file('notes.txt').decode(), s.paused]))\n"
+            "s.close(); sl.close()\n"
+        )
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+        value, host, notes, paused = json.loads(done.stdout.strip().splitlines()[-1])
+        assert json.loads(ast.literal_eval(value)) == [42, ["a", "b"]] and notes == "kept" and paused is None
+        assert host == first.host  # resumed where it lives
+        assert s.run_cell("x").value == "41"  # this driver's next cell finds the resumed interpreter
+        with pytest.raises(SessionNotPaused):
+            s.resume()
+    finally:
+        s.delete()
+        DELETED.append(s.id)
+    assert _kernels_of(root.backend, s.id) == []
+
+
+@pytest.mark.timeout(600)
+def test_a_gvisor_session_keeps_its_memory_on_a_ray_node(ray_cluster):
+    """Nodes on the direct backend (the default ``node_backend``; these actors in a namespace of
+    their own beside the Docker ones): a runsc session's memory is checkpointed on its node, a
+    background process keeps its pid and a generator its place across pause and resume, and
+    a deleted session leaves nothing of its pause on the node."""
+    from sandloop import Settings
+
+    backend = {"type": "ray", "address": ray_cluster.address, "node_backend": "oci", "namespace": "sandloop-oci"}
+    sl = Sandloop(Settings(backend=backend, pool_size=0))
+    try:
+        s = sl.create_session(SandboxLimits(runtime="runsc"), quota="32m")
+        try:
+            s.run_cell("import subprocess; p = subprocess.Popen(['sleep', '3600']); g = iter(range(10)); next(g)")
+            pid = s.run_cell("p.pid").value
+            assert s.pause() == "memory"
+            assert _kernels_of(sl.backend, s.id) == []
+            assert s.resume() == "memory"
+            assert s.run_cell("[next(g), p.pid, p.poll()]").value == f"[1, {pid}, None]"
+        finally:
+            s.delete()
+        assert _kernels_of(sl.backend, s.id) == []
+    finally:
+        sl.backend.shutdown_nodes()  # this namespace's actors: the Docker ones stay for the rest
+        sl.close()
 
 
 def test_nothing_is_left_when_the_nodes_stop(root, ray_cluster):

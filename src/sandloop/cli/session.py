@@ -88,14 +88,13 @@ def session_ls() -> None:
 
     from sandloop.root import default_root
     from sandloop.sessions import Session
-    from sandloop.sessions.snapshots import paused_kind
 
     table = Table("id", "quota", "enforced", "runtime", "idle for", "expires", "state")
     table.columns[0].no_wrap = True  # ids are copied from here
     now = datetime.datetime.now().timestamp()
-    sessions_dir = default_root().sessions.root
+    store = default_root().sessions
     for r in Session.list():
-        paused = paused_kind(sessions_dir / r.id)
+        paused = store.paused(r.id)
         expires = datetime.datetime.fromtimestamp(r.expires_at).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(
             r.id,

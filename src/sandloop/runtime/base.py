@@ -338,5 +338,25 @@ class MemorySnapshots(Protocol):
         ...
 
 
+@runtime_checkable
+class RemoteSessions(Protocol):
+    """A backend whose sessions live on other hosts (the Ray backend: on the node holding the
+    workspace): it pauses and resumes them there, where their memory and files are. ``record``
+    is the session's record as a dict (``sessions/store.py``); a kind is "memory", "state" or
+    "files" (``sessions/snapshots.py``)."""
+
+    def pause_session(self, record: dict[str, Any], keep_memory: bool) -> str:
+        """Pause the session where it lives; the kind kept."""
+        ...
+
+    def resume_session(self, record: dict[str, Any]) -> str:
+        """Start a paused session again where it lives; the kind it was kept as."""
+        ...
+
+    def session_paused(self, session_id: str) -> str | None:
+        """How the session is paused (None: it runs)."""
+        ...
+
+
 class FullBackend(Backend[Any], Workspaces, Housekeeping, Protocol):
     """A backend that plays all three roles (every backend sandloop ships), whatever its handles."""

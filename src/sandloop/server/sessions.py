@@ -11,7 +11,6 @@ from sandloop.server.context import Api, Auth
 from sandloop.server.errors import ApiError
 from sandloop.server.models import CellIn, ContextIn, SessionIn, SessionRunIn, secrets_of
 from sandloop.server.quota import check_session_room
-from sandloop.sessions.snapshots import paused_kind
 
 
 def session_json(record: Any, paused: str | None = None) -> dict[str, Any]:
@@ -33,7 +32,6 @@ def session_routes(api: Api) -> APIRouter:
     root, store, rates, session_lock = api.root, api.tokens, api.rates, api.session_lock
     limits_for, clamp_timeout, count = api.limits_for, api.clamp_timeout, api.count
     owned, with_session, live_sessions = api.owned, api.with_session, api.live_sessions
-    store_root = root.sessions.root
 
     @router.post("/v1/sessions", status_code=201)
     def create_session(body: SessionIn, token: Auth) -> dict[str, Any]:
@@ -53,7 +51,7 @@ def session_routes(api: Api) -> APIRouter:
 
     @router.get("/v1/sessions")
     def list_sessions(token: Auth) -> list[dict[str, Any]]:
-        return [session_json(r, paused_kind(store_root / r.id)) for r in live_sessions(token)]
+        return [session_json(r, root.sessions.paused(r.id)) for r in live_sessions(token)]
 
     @router.get("/v1/sessions/{session_id}")
     def get_session(session_id: str, token: Auth) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import asdict, replace
 from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -65,7 +65,6 @@ from sandloop.sessions.snapshots import (
     copy_files,
     memory_backend,
     new_snapshot_id,
-    paused_kind,
     place_file,
     take_file,
     validate_count,
@@ -281,7 +280,9 @@ class Session:
 
     def _live(self) -> None:
         self._check_open()
-        if self.paused:
+        # A session on another host (Ray): its node refuses a paused session's sandboxes, with no
+        # call here for every cell to ask.
+        if self._store.remote is None and self.paused:
             raise SessionPaused(f"session {self.id} is paused: resume it (resume(), or Session.attach) to use it")
         self._store.touch(self._record)
 
@@ -573,7 +574,7 @@ class Session:
     @property
     def paused(self) -> str | None:
         """How the session is paused ("memory", "state" or "files"), or None while it runs."""
-        return paused_kind(self._home)
+        return self._store.paused(self.id)
 
     def pause(self, *, keep_memory: bool = True) -> str:
         """Stop the session's interpreter and keep what it had: its memory where the backend can
@@ -586,6 +587,14 @@ class Session:
             SessionNotPaused: it is paused already.
         """
         self._check_open()
+        if self._store.remote is not None:  # where it lives (a Ray node), by the code below run there
+            with self._kernel.locked():
+                self._kernel.forget()  # that host lets go of the interpreter it checkpoints or stops
+                return self._store.remote.pause_session(asdict(self._record), keep_memory)
+        return self.pause_here(keep_memory=keep_memory)
+
+    def pause_here(self, *, keep_memory: bool = True) -> str:
+        """``pause`` on the host that holds the session's workspace and interpreter."""
         with self._kernel.locked():
             self._recover()
             if self.paused:
@@ -613,13 +622,35 @@ class Session:
         """
         self._check_open()
         with self._kernel.locked():
+            if self._store.remote is not None:
+                kind = self._store.remote.resume_session(asdict(self._record))
+            else:
+                kind = self.resume_here()
+            self._store.touch(self._record)
+            return kind
+
+    def settle_here(self) -> str | None:
+        """How the session is paused, on the host that holds it, once what a pause or resume cut
+        short (a killed process) left is settled (see ``_recover``)."""
+        if self.paused or (self._home / f".{PAUSED}").exists():
+            with self._kernel.locked():
+                self._recover()
+        return self.paused
+
+    def interpreter_id(self) -> str | None:
+        """The id of the session's running interpreter on this host (None: none runs); starts none."""
+        kernel = self._kernel.running()
+        return None if kernel is None else str(kernel.id)
+
+    def resume_here(self) -> str:
+        """``resume`` on the host that holds the session's workspace and interpreter."""
+        with self._kernel.locked():
             self._recover()
             kind = self.paused
             if kind is None:
                 raise SessionNotPaused(f"session {self.id} is running: there is nothing to resume")
             self._bring_back(self._home / PAUSED, kind)
             shutil.rmtree(self._home / PAUSED)
-            self._store.touch(self._record)
             return kind
 
     def snapshot(self, name: str = "", *, owner: str = "") -> SnapshotRecord:
@@ -753,7 +784,10 @@ class Session:
         try:
             on_host = root.backend.workspace_on_host(record.id, record.workspace)
             if on_host is None:
-                raise SandboxError("this backend keeps workspaces on other hosts: snapshots are not supported on it")
+                raise SandboxError(
+                    "this backend keeps workspaces on other hosts: snapshots and forks are not supported on it "
+                    "(pause and resume are)"
+                )
             directory = root.snapshots.dir(snap.id)
             copy_files(directory / "files", on_host)
             with session._kernel.locked():
@@ -771,7 +805,10 @@ class Session:
         is restored unless ``bring_back`` is False. Under the kernel's lock."""
         on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
         if on_host is None:
-            raise SandboxError("this backend keeps workspaces on other hosts: pause and snapshots are not supported")
+            raise SandboxError(
+                "this backend keeps workspaces on other hosts: snapshots and forks are not supported on it "
+                "(pause and resume are)"
+            )
         kernel = self._kernel.running()
         dropped: builtins.list[str] = []
         memory = memory_backend(self._root.backend)
@@ -838,6 +875,8 @@ class Session:
     def _recover(self) -> None:
         """A pause cut short by a killed process: promote a whole memory checkpoint whose
         interpreter is gone (else the session would lose it), drop anything else half-made."""
+        if self._store.remote is not None:
+            return  # where it lives, as part of each call there
         staged = self._home / f".{PAUSED}"
         if staged.exists():
             memory = memory_backend(self._root.backend)

@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from sandloop.contract import HostDiskFull, SandboxError, SessionNotFound
 from sandloop.paths import default_home
-from sandloop.runtime.base import Housekeeping, WorkspaceRef, Workspaces
+from sandloop.runtime.base import Housekeeping, RemoteSessions, WorkspaceRef, Workspaces
 from sandloop.runtime.labels import SESSION_LABEL, owner_alive
 from sandloop.sessions.snapshots import paused_kind
 
@@ -80,18 +80,41 @@ class SessionRecord:
 
 class SessionStore:
     def __init__(
-        self, backend: SessionBackend, home: Path | None = None, *, paused_retention: float = 30 * 86400
+        self,
+        backend: SessionBackend,
+        home: Path | None = None,
+        *,
+        paused_retention: float = 30 * 86400,
+        records_elsewhere: bool = False,
     ) -> None:
+        """``records_elsewhere``: this host holds sessions whose records another keeps (a Ray
+        node: the cluster's registry keeps them, a driver's reaper expires them); it neither writes
+        records nor reaps."""
         self.backend = backend
         self.root = (home or default_home()) / "sessions"
         #: A paused session's idle clock stops: it is kept this long after it was last used instead.
         self.paused_retention = paused_retention
         #: Where records live when not in this host's files.
         self.shared = backend if isinstance(backend, SharedRecords) else None
+        #: Where sessions live when not on this host (pause and resume happen there).
+        self.remote = backend if isinstance(backend, RemoteSessions) else None
+        self.records_elsewhere = records_elsewhere
+
+    def paused(self, session_id: str) -> str | None:
+        """How the session is paused ("memory", "state", "files"), None while it runs."""
+        if self.remote is not None:
+            return self.remote.session_paused(session_id)
+        return paused_kind(self._dir(session_id))
 
     def expired(self, record: SessionRecord, now: float | None = None) -> bool:
         now = time.time() if now is None else now
-        if paused_kind(self.root / record.id):
+        if now <= min(record.expires_at, record.last_used + self.paused_retention):
+            return False  # past neither bound: whether it is paused does not matter (no call to its node)
+        try:
+            paused = self.paused(record.id)
+        except SandboxError:  # its node is gone: nothing of it is kept, paused or not
+            paused = None
+        if paused:
             return record.last_used + self.paused_retention < now
         return record.expires_at < now
 
@@ -124,6 +147,8 @@ class SessionStore:
         return record
 
     def save(self, record: SessionRecord) -> None:
+        if self.records_elsewhere:
+            return  # the host that keeps the records saves them
         if self.shared is not None:
             self.shared.put_record(record.id, asdict(record))
             return
@@ -239,6 +264,8 @@ class SessionStore:
         session another host deleted)."""
         now = time.time() if now is None else now
         gone: builtins.list[str] = []
+        if self.records_elsewhere:  # the sessions here are the records' keeper's to expire
+            return gone
         records = self._all()
         for session_id, record in records.items():
             if record is not None and (self.expired(record, now) or owner_alive(record.reserved_by) is False):

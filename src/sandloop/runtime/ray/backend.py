@@ -57,6 +57,9 @@ QUICK = 30.0
 REFRESH = 2.0
 #: Margin over a run's own timeout for starting its sandbox and returning the result.
 MARGIN = 60.0
+#: Seconds a pause or resume may take on its node: a cell in flight finishes first (its own
+#: timeout), then a checkpoint or a state save (at most 120 s, ``Session._save_state``).
+PAUSE = 300.0
 
 
 @dataclass(frozen=True)
@@ -500,6 +503,23 @@ class RayBackend:
 
     def all_records(self) -> dict[str, dict[str, Any]]:
         return dict(self._registry_call("all_records"))
+
+    # Pause and resume (``RemoteSessions``): on the node that holds the session, where its memory
+    # and workspace are; a paused session stays there. Its node gone, it is lost (``SessionLost``).
+    def pause_session(self, record: dict[str, Any], keep_memory: bool) -> str:
+        node_id = self._session_node(record["id"])
+        return str(self._call(node_id, "pause_session", record, keep_memory, timeout=PAUSE))
+
+    def resume_session(self, record: dict[str, Any]) -> str:
+        node_id = self._session_node(record["id"])
+        return str(self._call(node_id, "resume_session", record, timeout=PAUSE))
+
+    def session_paused(self, session_id: str) -> str | None:
+        record = self.get_record(session_id)
+        if record is None:
+            return None
+        kind = self._call(self._session_node(session_id), "session_paused", record, timeout=PAUSE)
+        return None if kind is None else str(kind)
 
     def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef:
         node_id = self._session_node(session_id, pin=True)

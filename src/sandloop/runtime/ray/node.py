@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
-from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, SandboxError, SandboxLimits
+from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, SandboxError, SandboxLimits, SessionPaused
 from sandloop.contract.egress import Secret
 from sandloop.runtime.base import FullBackend, ImageBuilder, ImageTransfer, Owned, RunRequest, SandboxSpec, WorkspaceRef
+from sandloop.runtime.labels import SESSION_LABEL
 
 T = TypeVar("T")
 #: The image builder calls a driver may make on a node (``NodeService.build``).
@@ -49,6 +50,12 @@ class LocalRoot(Protocol):
     backend: FullBackend
     dispatcher: _Dispatch
     image: str
+    #: Its sessions' local side (``SessionStore``: their directories, whether one is paused).
+    sessions: Any
+
+    def session_here(self, record: dict[str, Any]) -> Any:
+        """A ``Session`` handle on one of this node's sessions (its record from the driver)."""
+        ...
 
     def reap(self) -> Any: ...
 
@@ -126,18 +133,16 @@ class NodeService:
         )
         if not dropped:
             return
-        from sandloop.runtime.labels import SESSION_LABEL
-
         for item in self.root.backend.owned():
             session = item.labels.get(SESSION_LABEL)
             if item.kind == "workspace" and session in dropped:
                 # Its interpreter still holds the workspace: it goes first (found by hand: a
                 # session with a kernel kept its volume and its interpreter after the node returned).
-                self.root.backend.remove_labelled(SESSION_LABEL, session)
-                self.root.backend.delete_workspace(session)
+                self.root.sessions.delete(session)
 
     # -- coarse runs (the node's own warm pool) -------------------------------------------------
     def run(self, request: RunRequest) -> ExecutionResult:
+        self._refuse_paused(request.labels)
         with self._lock:
             self._running += 1
         try:
@@ -175,6 +180,7 @@ class NodeService:
 
     # -- the backend seam, one call each ------------------------------------------------------
     def launch(self, spec: SandboxSpec, purpose: str, lifetime_seconds: float) -> str:
+        self._refuse_paused(spec.labels)
         sandbox = self.root.backend.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
         with self._lock:
             self._handles[sandbox.id] = sandbox
@@ -233,6 +239,7 @@ class NodeService:
         )
 
     def find_kernel(self, session_id: str, spec: SandboxSpec) -> str | None:
+        self._refuse_paused(spec.labels)
         sandbox = self.root.backend.find_kernel(session_id, spec)
         if sandbox is None:
             return None
@@ -262,6 +269,53 @@ class NodeService:
     def has_image(self, image: str) -> bool:
         return bool(self.root.backend.has_image(image))
 
+    # -- sessions paused and resumed here, where their memory and workspace are --------------------
+    def _refuse_paused(self, labels: tuple[tuple[str, str], ...]) -> None:
+        """A paused session's sandboxes are not started (nor its interpreter found): the driver
+        asks nothing before each cell, the node that holds the session answers."""
+        session_id = dict(labels).get(SESSION_LABEL)
+        if not session_id:
+            return
+        d = self.root.sessions.root / session_id
+        if self.root.sessions.paused(session_id) or (d / ".paused").exists():
+            raise SessionPaused(f"session {session_id} is paused: resume it (resume(), or Session.attach) to use it")
+
+    def pause_session(self, record: dict[str, Any], keep_memory: bool) -> str:
+        """Pause one of this node's sessions (``Session.pause`` on the driver): between cells, as
+        a cell sent here takes the interpreter's lock, which this holds while it pauses."""
+        session = self.root.session_here(record)
+        try:
+            kernel_id = session.interpreter_id()
+            cells: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+            if kernel_id is not None:
+                with self._lock:
+                    cells = self._kernel_locks.setdefault(kernel_id, threading.Lock())
+            with cells:
+                kind = str(session.pause_here(keep_memory=keep_memory))
+            if kernel_id is not None and (held := self._release(kernel_id)) is not None:
+                with contextlib.suppress(Exception):  # checkpointed or stopped: only the handle goes
+                    self.root.backend.detach(held)
+            return kind
+        finally:
+            session.close()
+
+    def resume_session(self, record: dict[str, Any]) -> str:
+        """Start one of this node's paused sessions again; the next cell finds its interpreter."""
+        session = self.root.session_here(record)
+        try:
+            return str(session.resume_here())
+        finally:
+            session.close()
+
+    def session_paused(self, record: dict[str, Any]) -> str | None:
+        """How one of this node's sessions is paused (None: it runs), a cut-short pause settled."""
+        session = self.root.session_here(record)
+        try:
+            kind = session.settle_here()
+            return None if kind is None else str(kind)
+        finally:
+            session.close()
+
     # -- workspaces -----------------------------------------------------------------------------
     def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef:
         return self.root.backend.create_workspace(session_id, quota_bytes, owner_uid_gid)
@@ -270,7 +324,8 @@ class NodeService:
         self.root.backend.ensure_workspace(session_id, ref)
 
     def delete_workspace(self, session_id: str) -> None:
-        self.root.backend.delete_workspace(session_id)
+        """The session's workspace and everything this node kept of it (a paused one's memory)."""
+        self.root.sessions.delete(session_id)
 
     # -- templates: built on one node, received by the others (runtime/ray/images.py) -------------
     def _builder(self) -> ImageBuilder:

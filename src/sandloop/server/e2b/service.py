@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from sandloop.contract import SandboxError, SessionNotFound, SessionNotPaused
 from sandloop.server.e2b.registry import E2BSandbox, Registry
 from sandloop.server.tokens import Token
-from sandloop.sessions.snapshots import paused_kind
 
 if TYPE_CHECKING:
     from sandloop.server.context import Api
@@ -231,7 +230,10 @@ class E2B:
             self.timed_out(sandbox_id)
 
     def paused(self, sandbox_id: str) -> str | None:
-        return paused_kind(self.api.root.sessions.root / sandbox_id)
+        try:
+            return self.api.root.sessions.paused(sandbox_id)
+        except SessionNotFound:  # not a session's id, or its node is gone (SessionLost): not paused
+            return None
 
     def timed_out(self, sandbox_id: str) -> bool:
         """At its timeout a sandbox is killed, or paused when it asked to be (E2B's
