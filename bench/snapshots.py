@@ -2,7 +2,10 @@
 data in memory. Pause p50, resume-to-first-cell p50, fork-to-first-cell p50 (count=1, and count=8
 once), the memory snapshot's size on disk; a runc session's state pause beside it.
 
-    .venv/bin/python bench/snapshots.py [--runs 5]
+    .venv/bin/python bench/snapshots.py [--runs 5] [--ray]
+
+``--ray``: the same on a local Ray cluster of one sandbox node (direct backend on the node), beside
+the same measures on this host, so the cluster's share shows.
 
 Prints a Markdown table (the figures E2B publishes: pause ~4 s per GiB, resume ~1 s).
 """
@@ -35,9 +38,29 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--runtimes", default="runsc,runc")
+    parser.add_argument("--ray", action="store_true", help="also on a local Ray cluster of one node")
     args = parser.parse_args()
     rows: list[tuple[str, str]] = []
-    with Sandloop(Settings(pool_size=0, session_pool_size=0)) as root:
+    measure(Settings(pool_size=0, session_pool_size=0), "", args, rows)
+    if args.ray:
+        from sandloop.testing.ray_cluster import LocalCluster
+
+        cluster = LocalCluster(workers=1).start()
+        try:
+            backend = {"type": "ray", "address": cluster.address, "namespace": "sandloop-bench"}
+            measure(Settings(backend=backend, pool_size=0, session_pool_size=0), "Ray node, ", args, rows)
+        finally:
+            import ray
+
+            ray.shutdown()
+            cluster.stop()
+    print("| 100 MB of data + pandas in the interpreter | value |\n|---|---:|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+
+
+def measure(settings: Settings, where: str, args: argparse.Namespace, rows: list[tuple[str, str]]) -> None:
+    with Sandloop(settings) as root:
         for runtime in args.runtimes.split(","):
             s = Session.create(SandboxLimits(runtime=runtime, memory="1g"), quota="512m", root=root)
             try:
@@ -68,15 +91,14 @@ def main() -> None:
             finally:
                 s.delete()
             rows += [
-                (f"{runtime} ({kind}): pause p50", p50(pauses)),
-                (f"{runtime} ({kind}): resume to first cell p50", p50(resumes)),
-                (f"{runtime} ({kind}): fork to first cell p50", p50(forks)),
-                (f"{runtime} ({kind}): fork count=8 to every first cell", f"{fork8:.2f} s"),
-                (f"{runtime} ({kind}): snapshot on disk", f"{size / 2**20:.0f} MiB"),
+                (f"{where}{runtime} ({kind}): pause p50", p50(pauses)),
+                (f"{where}{runtime} ({kind}): resume to first cell p50", p50(resumes)),
+                (f"{where}{runtime} ({kind}): fork to first cell p50", p50(forks)),
+                (f"{where}{runtime} ({kind}): fork count=8 to every first cell", f"{fork8:.2f} s"),
+                (f"{where}{runtime} ({kind}): snapshot on disk", f"{size / 2**20:.0f} MiB"),
             ]
-    print("| 100 MB of data + pandas in the interpreter | value |\n|---|---:|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+        if where:  # the node's actor, the clean way, before its cluster stops
+            root.backend.shutdown_nodes()  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

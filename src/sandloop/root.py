@@ -28,9 +28,9 @@ from sandloop.images.templates import Templates
 from sandloop.pool.dispatcher import Dispatcher
 from sandloop.pool.reaper import Reaped, reap
 from sandloop.requests import build_request
-from sandloop.runtime.base import BackendInfo, FullBackend
+from sandloop.runtime.base import BackendInfo, FullBackend, RemoteSessions
 from sandloop.sessions.reserve import Reserves
-from sandloop.sessions.snapshots import SnapshotStore
+from sandloop.sessions.snapshots import ClusterSnapshots, SnapshotStore
 from sandloop.sessions.store import SessionRecord, SessionStore
 from sandloop.settings import Settings
 
@@ -70,8 +70,12 @@ class Sandloop:
             paused_retention=self.settings.paused_retention_seconds,
             records_elsewhere=records_elsewhere,
         )
-        #: Sessions' snapshots (``sessions/snapshots.py``).
-        self.snapshots = SnapshotStore(self.settings.home)
+        #: Sessions' snapshots (``sessions/snapshots.py``): this host's, or the nodes' of a cluster.
+        self.snapshots: SnapshotStore | ClusterSnapshots = (
+            ClusterSnapshots(self.backend)
+            if isinstance(self.backend, RemoteSessions)
+            else SnapshotStore(self.settings.home)
+        )
         #: Warm sessions (``Settings.session_pool_size``), in the dispatcher's pools.
         self.reserves = Reserves(self)
         #: The runtime image sandboxes start from.
@@ -144,6 +148,7 @@ class Sandloop:
         session, its record sent by the driver): for the calls that run where the session is."""
         from sandloop.sessions.session import Session
 
+        self.sessions.here(record["id"])  # its directory here (the interpreter's lock, a pause's state)
         return Session(root=self, _record=SessionRecord(**record))
 
     # -- upkeep ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from sandloop import Sandloop
-from sandloop.contract import NodeLost, SandboxLimits, SessionLost, SessionNotPaused, SessionPaused
+from sandloop.contract import NodeLost, SandboxLimits, SessionLost, SessionNotPaused, SessionPaused, SnapshotNotFound
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
 from tests.conftest import ray_settings
 from tests.servers import serve_in_thread
@@ -166,6 +166,14 @@ def test_the_http_api_serves_the_cluster(root, tmp_path, monkeypatch):
         sid = httpx.post(f"{url}/v1/sessions", json={}, headers=headers, timeout=120).json()["id"]
         cell = httpx.post(f"{url}/v1/sessions/{sid}/cells", json={"code": "2 + 2"}, headers=headers, timeout=120)
         assert cell.json()["value"] == "4"
+        paused = httpx.post(f"{url}/v1/sessions/{sid}/pause", headers=headers, timeout=300)
+        assert paused.status_code == 200 and paused.json()["paused"] == "state", paused.text
+        listed = httpx.get(f"{url}/v1/sessions", headers=headers, timeout=120).json()
+        assert [x["paused"] for x in listed if x["id"] == sid] == ["state"]
+        refused = httpx.post(f"{url}/v1/sessions/{sid}/cells", json={"code": "1"}, headers=headers, timeout=120)
+        assert refused.status_code == 409 and refused.json()["code"] == "session_paused", refused.text
+        resumed = httpx.post(f"{url}/v1/sessions/{sid}/resume", headers=headers, timeout=300)
+        assert resumed.status_code == 200 and resumed.json()["resumed"] == "state", resumed.text
         assert httpx.delete(f"{url}/v1/sessions/{sid}", headers=headers, timeout=120).status_code == 204
         DELETED.append(sid)
         # The E2B API over the cluster: the official SDK, output streamed as it is printed.
@@ -181,6 +189,13 @@ def test_the_http_api_serves_the_cluster(root, tmp_path, monkeypatch):
             assert execution.text == "42" and "".join(execution.logs.stdout) == "a\nb\n"
             assert ended - seen[0] > 1.0, "run_code's output came at the end, not as printed"
             assert sbx.commands.run("echo hi").stdout == "hi\n"
+            # E2B's pause and connect-resumes, over the cluster (its Python state on runc nodes)
+            sbx.run_code("kept = 'here'")
+            sbx.beta_pause()
+            assert not sbx.is_running()
+            assert [x.state for x in Sandbox.list().next_items() if x.sandbox_id == sbx.sandbox_id] == ["paused"]
+            sbx = Sandbox.connect(sbx.sandbox_id)
+            assert sbx.run_code("kept").text == "here"
         finally:
             sbx.kill()
             DELETED.append(sbx.sandbox_id)
@@ -451,6 +466,16 @@ def test_a_session_pauses_on_its_node_and_resumes_from_another_driver(root, ray_
         assert s.run_cell("x").value == "41"  # this driver's next cell finds the resumed interpreter
         with pytest.raises(SessionNotPaused):
             s.resume()
+        # A fork lives where its parent does (its snapshot is kept there), with its own workspace.
+        (child,) = s.fork()
+        try:
+            assert child.run_cell("x").value == "41" and child.run_cell("x = 0").host == first.host
+            child.write_file("notes.txt", "the child's")
+            assert s.read_file("notes.txt") == b"kept" and s.run_cell("x").value == "41"
+            assert root.snapshots.list(s.id) == []  # a fork's own snapshot is gone once it is made
+        finally:
+            child.delete()
+            DELETED.append(child.id)
     finally:
         s.delete()
         DELETED.append(s.id)
@@ -464,6 +489,7 @@ def test_a_gvisor_session_keeps_its_memory_on_a_ray_node(ray_cluster):
     background process keeps its pid and a generator its place across pause and resume, and
     a deleted session leaves nothing of its pause on the node."""
     from sandloop import Settings
+    from sandloop.sessions import Session
 
     backend = {"type": "ray", "address": ray_cluster.address, "node_backend": "oci", "namespace": "sandloop-oci"}
     sl = Sandloop(Settings(backend=backend, pool_size=0))
@@ -476,9 +502,29 @@ def test_a_gvisor_session_keeps_its_memory_on_a_ray_node(ray_cluster):
             assert _kernels_of(sl.backend, s.id) == []
             assert s.resume() == "memory"
             assert s.run_cell("[next(g), p.pid, p.poll()]").value == f"[1, {pid}, None]"
+            # Snapshots are kept by the node; every driver lists them; sessions start from them there.
+            snap = s.snapshot(name="at two")
+            assert snap.kind == "memory" and [r.id for r in sl.snapshots.list(s.id)] == [snap.id]
+            assert s.run_cell("next(g)").value == "2"  # the session goes on
+            with Session.from_snapshot(snap.id, root=sl) as again:
+                assert again.run_cell("[next(g), p.pid]").value == f"[2, {pid}]"  # its own copy of the memory
+                assert again.run_cell("x = 1").host == s.run_cell("1").host
+            a, b = s.fork(2)
+            try:
+                assert a.run_cell("next(g)").value == b.run_cell("next(g)").value == s.run_cell("next(g)").value == "3"
+            finally:
+                a.delete()
+                b.delete()
+            Session.delete_snapshot(snap.id, root=sl)
+            assert sl.snapshots.list() == []
+            with pytest.raises(SnapshotNotFound):
+                sl.snapshots.get(snap.id)
         finally:
             s.delete()
         assert _kernels_of(sl.backend, s.id) == []
+        # nothing of its pauses, forks or snapshot is left on the nodes' disks
+        assert not [p for h in ray_cluster.homes for p in (h / "sessions").glob("*") if p.name == s.id]
+        assert not [p for h in ray_cluster.homes for p in (h / "snapshots").glob("*") if p.name.endswith(snap.id)]
     finally:
         sl.backend.shutdown_nodes()  # this namespace's actors: the Docker ones stay for the rest
         sl.close()

@@ -12,6 +12,8 @@ import pytest
 
 from sandloop import Settings
 from sandloop.contract import EngineUnavailable, InvalidArgument
+from sandloop.sessions.store import SessionRecord, SessionStore
+from sandloop.testing.fake import FakeBackend
 
 pytest.importorskip("ray")
 
@@ -87,3 +89,22 @@ def test_a_nodes_stream_raises_the_works_error_and_a_consumer_who_leaves_cancels
     assert next(stream)[0] == "output"
     stream.close()  # the driver went away (Ray closes the generator)
     assert cancel.is_set() and stopped.wait(5)
+
+
+def test_a_nodes_session_store_keeps_no_records_and_reaps_nothing(tmp_path):
+    """A node's sessions are the cluster's: their records are in the registry and the drivers'
+    reapers expire them. Before, a node's own reaper deleted (workspace and interpreter) any
+    session whose directory there was an hour old, since it found no record of it on the node."""
+    backend = FakeBackend(home=tmp_path)
+    node = SessionStore(backend, tmp_path, records_elsewhere=True)
+    ref = backend.create_workspace("s-0123456789ab", 8 << 20, "65534:65534")
+    d = node.here("s-0123456789ab")
+    old = time.time() - 7200
+    os.utime(d, (old, old))
+    record = SessionRecord("s-0123456789ab", old, old, 60, 8 << 20, ref.quota_enforced, ref.name, "img", {})
+    node.save(record)
+    assert not (d / "session.json").exists()  # the registry keeps it
+    assert node.reap_expired() == []
+    assert d.is_dir() and [w for w in backend.owned() if w.kind == "workspace"]  # still there
+    local = SessionStore(backend, tmp_path)  # a driver's store of this host's files removes it
+    assert local.reap_expired() == [] and not d.exists()

@@ -357,6 +357,37 @@ class RemoteSessions(Protocol):
         """How the session is paused (None: it runs)."""
         ...
 
+    def session_place(self, session_id: str) -> str:
+        """Where the session lives (a node's id)."""
+        ...
+
+    def place_session(self, session_id: str, place: str) -> None:
+        """Make a new session (before its workspace) live at ``place``."""
+        ...
+
+    def snapshot_session(self, record: dict[str, Any], name: str, owner: str, bring_back: bool) -> dict[str, Any]:
+        """``Session.snapshot`` where the session lives (``bring_back=False``: a memory-kind
+        session's interpreter stays down, for a fork to restore); the snapshot's record."""
+        ...
+
+    def start_from_snapshot(self, record: dict[str, Any], snapshot_id: str) -> None:
+        """Start a new session (made at the snapshot's place) from the snapshot."""
+        ...
+
+    def restore_from_snapshot(self, record: dict[str, Any], snapshot_id: str) -> None:
+        """Bring a session's interpreter back from its own memory snapshot (a fork's parent)."""
+        ...
+
+    def snapshot_record(self, snapshot_id: str) -> tuple[str, dict[str, Any]] | None:
+        """Where the snapshot is kept and its record; None: nowhere."""
+        ...
+
+    def snapshot_records(self, session_id: str | None) -> list[dict[str, Any]]:
+        """Every snapshot (of one session) wherever kept."""
+        ...
+
+    def delete_snapshot(self, snapshot_id: str) -> None: ...
+
 
 class FullBackend(Backend[Any], Workspaces, Housekeeping, Protocol):
     """A backend that plays all three roles (every backend sandloop ships), whatever its handles."""

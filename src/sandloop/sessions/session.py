@@ -61,7 +61,9 @@ from sandloop.sessions.snapshots import (
     PAUSED,
     SAVE_STATE,
     STATE_FILE,
+    ClusterSnapshots,
     SnapshotRecord,
+    SnapshotStore,
     copy_files,
     memory_backend,
     new_snapshot_id,
@@ -663,13 +665,28 @@ class Session:
     def _snapshot(self, name: str, *, owner: str = "", bring_back: bool) -> SnapshotRecord:
         """``snapshot`` under the kernel's lock; ``bring_back=False`` leaves a memory-kind
         session's interpreter down (``fork`` restores it beside its children)."""
-        self._live()
         if not isinstance(name, str) or len(name) > 128:
             raise InvalidArgument("a snapshot's name is a string of at most 128 characters")
-        snapshots = self._root.snapshots
-        snapshot_id = new_snapshot_id()
-        staged = snapshots.staging(snapshot_id)
-        staged.mkdir(mode=0o700)
+        if self._store.remote is not None:  # kept where the session lives (a Ray node), made there
+            self._check_open()
+            self._kernel.forget()  # a memory-kind interpreter comes back there as a new sandbox
+            made = self._store.remote.snapshot_session(asdict(self._record), name, owner, bring_back)
+            return SnapshotRecord(**made)
+        return self.snapshot_here(name, owner=owner, bring_back=bring_back)
+
+    def snapshot_here(self, name: str, *, owner: str = "", bring_back: bool = True) -> SnapshotRecord:
+        """``snapshot`` on the host that holds the session's workspace and interpreter."""
+        with self._kernel.locked():
+            self._live()
+            snapshots = self._local_snapshots()
+            snapshot_id = new_snapshot_id()
+            staged = snapshots.staging(snapshot_id)
+            staged.mkdir(mode=0o700)
+            return self._commit_snapshot(snapshots, staged, snapshot_id, name, owner, bring_back)
+
+    def _commit_snapshot(
+        self, snapshots: SnapshotStore, staged: Path, snapshot_id: str, name: str, owner: str, bring_back: bool
+    ) -> SnapshotRecord:
         try:
             kind, dropped = self._keep(staged, keep_running=True, bring_back=bring_back)
             record = self._record
@@ -722,6 +739,12 @@ class Session:
         store.get(snapshot_id)  # SnapshotNotFound
         store.delete(snapshot_id)
 
+    def _local_snapshots(self) -> SnapshotStore:
+        snapshots = self._root.snapshots
+        if not isinstance(snapshots, SnapshotStore):
+            raise SandboxError("this backend keeps snapshots on other hosts")
+        return snapshots
+
     def fork(self, count: int = 1) -> builtins.list[Session]:
         """``count`` new sessions, each starting as this one is now, with its own copy of the
         workspace (and of the memory, where it is kept): what one changes, no other sees. Where
@@ -753,7 +776,10 @@ class Session:
         if snap.kind != "memory":
             return None
         try:
-            self._bring_back(self._root.snapshots.dir(snap.id), "memory")
+            if self._store.remote is not None:
+                self._store.remote.restore_from_snapshot(asdict(self._record), snap.id)
+            else:
+                self.restore_here(snap.id)
         except Exception as exc:  # noqa: BLE001 - returned
             return SandboxError(
                 f"the session's interpreter did not come back after the fork's snapshot ({exc}); "
@@ -771,31 +797,46 @@ class Session:
         from sandloop.root import default_root
 
         root = root or default_root()
-        snap = root.snapshots.get(snapshot.id if isinstance(snapshot, SnapshotRecord) else snapshot)
+        snapshots = root.snapshots
+        snap = snapshots.get(snapshot.id if isinstance(snapshot, SnapshotRecord) else snapshot)
         record = root.sessions.create(
             ttl_seconds=float(ttl if ttl is not None else snap.ttl_seconds),
             quota_bytes=snap.quota_bytes,
             image=snap.image,
             limits=snap.limits,
             owner_uid_gid=snap.owner_uid_gid,
+            # on a cluster, where the snapshot is kept: its memory image and files are there
+            place=snapshots.place(snap.id) if isinstance(snapshots, ClusterSnapshots) else None,
         )
         session = cls(root=root, _record=record)
         session._created_here = True
         try:
-            on_host = root.backend.workspace_on_host(record.id, record.workspace)
-            if on_host is None:
-                raise SandboxError(
-                    "this backend keeps workspaces on other hosts: snapshots and forks are not supported on it "
-                    "(pause and resume are)"
-                )
-            directory = root.snapshots.dir(snap.id)
-            copy_files(directory / "files", on_host)
-            with session._kernel.locked():
-                session._bring_back(directory, snap.kind)
+            if root.sessions.remote is not None:
+                root.sessions.remote.start_from_snapshot(asdict(record), snap.id)
+            else:
+                session.start_here(snap.id)
         except BaseException:
             session.delete()
             raise
         return session
+
+    def start_here(self, snapshot_id: str) -> None:
+        """A new session's workspace and interpreter from a snapshot on the host holding both."""
+        snapshots = self._local_snapshots()
+        snap = snapshots.get(snapshot_id)
+        on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
+        if on_host is None:
+            raise SandboxError("this backend keeps workspaces on other hosts")
+        directory = snapshots.dir(snap.id)
+        copy_files(directory / "files", on_host)
+        with self._kernel.locked():
+            self._bring_back(directory, snap.kind)
+
+    def restore_here(self, snapshot_id: str) -> None:
+        """This session's interpreter back from its own memory snapshot (a fork's parent), on the
+        host holding it."""
+        with self._kernel.locked():
+            self._bring_back(self._local_snapshots().dir(snapshot_id), "memory")
 
     def _keep(
         self, directory: Path, *, keep_running: bool, files_only: bool = False, bring_back: bool = True

@@ -36,7 +36,7 @@ from typing import Any
 
 from sandloop.contract import InvalidArgument, SandboxError, SnapshotNotFound
 from sandloop.paths import tree_size
-from sandloop.runtime.base import MemorySnapshots
+from sandloop.runtime.base import MemorySnapshots, RemoteSessions
 
 KINDS = ("memory", "state", "files")
 PAUSED = "paused"
@@ -179,6 +179,43 @@ class SnapshotStore:
         return sum(r.size_bytes for r in self.list() if owner is None or r.owner == owner)
 
 
+class ClusterSnapshots:
+    """The snapshots of sessions that live on other hosts (``RemoteSessions``: the Ray backend's
+    nodes), each kept by the node that made it, in that node's ``SnapshotStore``; asked of every
+    node. Retention and the sweep are each node's reaper's."""
+
+    def __init__(self, remote: RemoteSessions) -> None:
+        self.remote = remote
+
+    def get(self, snapshot_id: str) -> SnapshotRecord:
+        found = self.remote.snapshot_record(check_snapshot_id(snapshot_id))
+        if found is None:
+            raise SnapshotNotFound(f"no snapshot {snapshot_id}: it was deleted, or never made (or its node is gone)")
+        return SnapshotRecord(**found[1])
+
+    def place(self, snapshot_id: str) -> str:
+        """Where it is kept (a session started from it lives there too)."""
+        found = self.remote.snapshot_record(check_snapshot_id(snapshot_id))
+        if found is None:
+            raise SnapshotNotFound(f"no snapshot {snapshot_id}: it was deleted, or never made (or its node is gone)")
+        return found[0]
+
+    def list(self, session_id: str | None = None) -> builtins.list[SnapshotRecord]:
+        return sorted((SnapshotRecord(**r) for r in self.remote.snapshot_records(session_id)), key=lambda r: r.created)
+
+    def delete(self, snapshot_id: str) -> None:
+        self.remote.delete_snapshot(check_snapshot_id(snapshot_id))
+
+    def expire(self, retention: float) -> builtins.list[str]:
+        return []  # each node's reaper expires its own
+
+    def sweep(self, older_than: float = 3600) -> builtins.list[str]:
+        return []
+
+    def total_bytes(self, owner: str | None = None) -> int:
+        return sum(r.size_bytes for r in self.list() if owner is None or r.owner == owner)
+
+
 def memory_backend(backend: Any) -> MemorySnapshots | None:
     return backend if isinstance(backend, MemorySnapshots) else None
 
@@ -259,6 +296,7 @@ def validate_count(count: int) -> int:
 
 __all__ = [
     "KINDS",
+    "ClusterSnapshots",
     "LOAD_STATE",
     "PAUSED",
     "SAVE_STATE",

@@ -123,6 +123,12 @@ class SessionStore:
             raise SessionNotFound(f"{session_id!r} is not a session id (they look like s-1a2b3c4d5e6f)")
         return self.root / session_id
 
+    def here(self, session_id: str) -> Path:
+        """The session's directory on this host, made if it is not there yet."""
+        d = self._dir(session_id)
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return d
+
     # -- records -------------------------------------------------------------------------------
     def _read(self, session_id: str) -> SessionRecord | None:
         """The record, ``None`` when there is none; a damaged one raises (ValueError, TypeError)."""
@@ -143,7 +149,7 @@ class SessionStore:
             self.delete(session_id)
             raise SessionNotFound(f"session {session_id} expired after {record.ttl_seconds:g} s idle and was removed")
         if self.shared is not None:  # made on another host: this one needs its own directory
-            self._dir(session_id).mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.here(session_id)
         return record
 
     def save(self, record: SessionRecord) -> None:
@@ -215,13 +221,17 @@ class SessionStore:
         limits: dict[str, Any],
         owner_uid_gid: str,
         reserved_by: str = "",
+        place: str | None = None,
     ) -> SessionRecord:
         """A new session's record and workspace; ``reserved_by``: a warm session kept by that
-        process until ``claim``."""
+        process until ``claim``; ``place``: where it lives, on a backend whose sessions live on
+        other hosts (``RemoteSessions.session_place``: a fork lives where its snapshot is)."""
         session_id = "s-" + secrets.token_hex(6)
         d = self._dir(session_id)
         d.mkdir(parents=True, mode=0o700)
         try:
+            if place is not None and self.remote is not None:
+                self.remote.place_session(session_id, place)
             ref = self.backend.create_workspace(session_id, quota_bytes, owner_uid_gid)
             now = time.time()
             record = SessionRecord(

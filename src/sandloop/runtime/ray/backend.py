@@ -521,6 +521,40 @@ class RayBackend:
         kind = self._call(self._session_node(session_id), "session_paused", record, timeout=PAUSE)
         return None if kind is None else str(kind)
 
+    def session_place(self, session_id: str) -> str:
+        return self._session_node(session_id)
+
+    def place_session(self, session_id: str, place: str) -> None:
+        if place not in self.node_ids():
+            raise SessionLost(f"node {place[:12]} is gone: a session cannot be started there")
+        self._registry_call("put", session_id, place)
+
+    # Snapshots: kept by the node that made them; a session started from one lives there too.
+    def snapshot_session(self, record: dict[str, Any], name: str, owner: str, bring_back: bool) -> dict[str, Any]:
+        node_id = self._session_node(record["id"])
+        made: dict[str, Any] = self._call(node_id, "snapshot_session", record, name, owner, bring_back, timeout=PAUSE)
+        return made
+
+    def start_from_snapshot(self, record: dict[str, Any], snapshot_id: str) -> None:
+        self._call(self._session_node(record["id"]), "start_from_snapshot", record, snapshot_id, timeout=PAUSE)
+
+    def restore_from_snapshot(self, record: dict[str, Any], snapshot_id: str) -> None:
+        self._call(self._session_node(record["id"]), "restore_from_snapshot", record, snapshot_id, timeout=PAUSE)
+
+    def snapshot_record(self, snapshot_id: str) -> tuple[str, dict[str, Any]] | None:
+        for node_id in self.node_ids():
+            with contextlib.suppress(NodeLost):
+                found = self._call(node_id, "snapshot_record", snapshot_id)
+                if found is not None:
+                    return node_id, found
+        return None
+
+    def snapshot_records(self, session_id: str | None) -> list[dict[str, Any]]:
+        return [r for records in self._each("snapshot_records", session_id) for r in records]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._each("delete_snapshot", snapshot_id)
+
     def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef:
         node_id = self._session_node(session_id, pin=True)
         ref: WorkspaceRef = self._call(node_id, "create_workspace", session_id, quota_bytes, owner_uid_gid)

@@ -20,10 +20,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Protocol, TypeVar
 
-from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, SandboxError, SandboxLimits, SessionPaused
+from sandloop.contract import (
+    CellResult,
+    ExecutionResult,
+    InvalidArgument,
+    SandboxError,
+    SandboxLimits,
+    SessionPaused,
+    SnapshotNotFound,
+)
 from sandloop.contract.egress import Secret
 from sandloop.runtime.base import FullBackend, ImageBuilder, ImageTransfer, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.labels import SESSION_LABEL
@@ -52,6 +60,8 @@ class LocalRoot(Protocol):
     image: str
     #: Its sessions' local side (``SessionStore``: their directories, whether one is paused).
     sessions: Any
+    #: Snapshots of its sessions, kept here (``SnapshotStore``).
+    snapshots: Any
 
     def session_here(self, record: dict[str, Any]) -> Any:
         """A ``Session`` handle on one of this node's sessions (its record from the driver)."""
@@ -280,22 +290,28 @@ class NodeService:
         if self.root.sessions.paused(session_id) or (d / ".paused").exists():
             raise SessionPaused(f"session {session_id} is paused: resume it (resume(), or Session.attach) to use it")
 
+    @contextlib.contextmanager
+    def _between_cells(self, session: Any) -> Iterator[None]:
+        """Hold the session's interpreter's cell lock (a cell sent here takes it: this waits for
+        one in flight); after, let go of its handle (checkpointed, stopped or restored as a new
+        sandbox: the driver's next cell finds the interpreter again)."""
+        kernel_id = session.interpreter_id()
+        cells: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if kernel_id is not None:
+            with self._lock:
+                cells = self._kernel_locks.setdefault(kernel_id, threading.Lock())
+        with cells:
+            yield
+        if kernel_id is not None and (held := self._release(kernel_id)) is not None:
+            with contextlib.suppress(Exception):  # only the handle goes
+                self.root.backend.detach(held)
+
     def pause_session(self, record: dict[str, Any], keep_memory: bool) -> str:
-        """Pause one of this node's sessions (``Session.pause`` on the driver): between cells, as
-        a cell sent here takes the interpreter's lock, which this holds while it pauses."""
+        """Pause one of this node's sessions (``Session.pause`` on the driver), between cells."""
         session = self.root.session_here(record)
         try:
-            kernel_id = session.interpreter_id()
-            cells: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-            if kernel_id is not None:
-                with self._lock:
-                    cells = self._kernel_locks.setdefault(kernel_id, threading.Lock())
-            with cells:
-                kind = str(session.pause_here(keep_memory=keep_memory))
-            if kernel_id is not None and (held := self._release(kernel_id)) is not None:
-                with contextlib.suppress(Exception):  # checkpointed or stopped: only the handle goes
-                    self.root.backend.detach(held)
-            return kind
+            with self._between_cells(session):
+                return str(session.pause_here(keep_memory=keep_memory))
         finally:
             session.close()
 
@@ -315,6 +331,41 @@ class NodeService:
             return None if kind is None else str(kind)
         finally:
             session.close()
+
+    # Snapshots: kept here, where the session was, in this node's own store (its reaper expires them).
+    def snapshot_session(self, record: dict[str, Any], name: str, owner: str, bring_back: bool) -> dict[str, Any]:
+        session = self.root.session_here(record)
+        try:
+            with self._between_cells(session):
+                return asdict(session.snapshot_here(name, owner=owner, bring_back=bring_back))
+        finally:
+            session.close()
+
+    def start_from_snapshot(self, record: dict[str, Any], snapshot_id: str) -> None:
+        session = self.root.session_here(record)
+        try:
+            session.start_here(snapshot_id)
+        finally:
+            session.close()
+
+    def restore_from_snapshot(self, record: dict[str, Any], snapshot_id: str) -> None:
+        session = self.root.session_here(record)
+        try:
+            session.restore_here(snapshot_id)
+        finally:
+            session.close()
+
+    def snapshot_record(self, snapshot_id: str) -> dict[str, Any] | None:
+        try:
+            return asdict(self.root.snapshots.get(snapshot_id))
+        except SnapshotNotFound:
+            return None
+
+    def snapshot_records(self, session_id: str | None) -> list[dict[str, Any]]:
+        return [asdict(r) for r in self.root.snapshots.list(session_id)]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self.root.snapshots.delete(snapshot_id)
 
     # -- workspaces -----------------------------------------------------------------------------
     def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef:
