@@ -126,6 +126,8 @@ class RayConfig(BaseModel):
             "max_creating": settings.max_creating,
             "queue_wait_seconds": min(settings.queue_wait_seconds, 0.5),  # the driver waits across nodes
             "engine_timeout": settings.engine_timeout,
+            # each node expires the snapshots it keeps
+            "snapshot_retention_seconds": settings.snapshot_retention_seconds,
         }
         return RayBackend(
             self.address,

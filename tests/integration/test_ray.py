@@ -43,6 +43,21 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _other_driver(cluster, tmp_path, body: str):
+    """Run ``body`` in a driver of its own (``sl``: its Sandloop, with a SANDLOOP_HOME of its own,
+    as a driver on another host would have); what its last line printed, as JSON."""
+    backend = {"type": "ray", "address": cluster.address, "node_backend": "docker"}
+    script = (
+        "import json\n"
+        "from sandloop import Sandloop, Settings\n"
+        f"sl = Sandloop(Settings(backend={backend!r}, pool_size=0, home={str(tmp_path / 'other-host')!r}))\n"
+        f"{body}sl.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_runs_spread_over_both_nodes_with_correct_results(root):
     nodes = root.backend.node_ids()
     assert len(nodes) == 2
@@ -94,20 +109,15 @@ def test_a_session_made_by_one_driver_is_attached_from_another(root, ray_cluster
     try:
         s.run_cell("x = 41")
         s.write_file("notes.txt", "kept")
-        backend = {"type": "ray", "address": ray_cluster.address, "node_backend": "docker"}
-        script = (
-            "import json\n"
-            "from sandloop import Sandloop, Settings\n"
-            f"sl = Sandloop(Settings(backend={backend!r}, pool_size=0, home={str(tmp_path / 'other-host')!r}))\n"
+        value, notes, host, listed = _other_driver(
+            ray_cluster,
+            tmp_path,
             f"s = sl.attach_session({s.id!r})\n"
             "c = s.run_cell('x + 1')\n"
             "listed = [r.id for r in sl.list_sessions()]\n"
             "print(json.dumps([c.value, s.read_file('notes.txt').decode(), c.host, listed]))\n"
-            "s.close(); sl.close()\n"
+            "s.close()\n",
         )
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=180)
-        assert done.returncode == 0, done.stderr[-2000:]
-        value, notes, host, listed = json.loads(done.stdout.strip().splitlines()[-1])
         assert value == "42" and notes == "kept" and host in root.backend.node_ids() and s.id in listed
         assert not (root.settings.home / "sessions" / s.id / "session.json").exists()  # not this host's file
         assert s.run_cell("x").value == "41"  # and from this driver again
@@ -448,19 +458,14 @@ def test_a_session_pauses_on_its_node_and_resumes_from_another_driver(root, ray_
         with pytest.raises(SessionNotPaused):
             s.pause()
         assert root.sessions.paused(s.id) == "state"
-        backend = {"type": "ray", "address": ray_cluster.address, "node_backend": "docker"}
-        script = (
-            "import json\n"
-            "from sandloop import Sandloop, Settings\n"
-            f"sl = Sandloop(Settings(backend={backend!r}, pool_size=0, home={str(tmp_path / 'other-host')!r}))\n"
+        value, host, notes, paused = _other_driver(
+            ray_cluster,
+            tmp_path,
             f"s = sl.attach_session({s.id!r})\n"  # attaching resumes it, on its node
             "c = s.run_cell('json.dumps([x + 1, names])')\n"
             "print(json.dumps([c.value, c.host, s.read_file('notes.txt').decode(), s.paused]))\n"
-            "s.close(); sl.close()\n"
+            "s.close()\n",
         )
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=180)
-        assert done.returncode == 0, done.stderr[-2000:]
-        value, host, notes, paused = json.loads(done.stdout.strip().splitlines()[-1])
         assert json.loads(ast.literal_eval(value)) == [42, ["a", "b"]] and notes == "kept" and paused is None
         assert host == first.host  # resumed where it lives
         assert s.run_cell("x").value == "41"  # this driver's next cell finds the resumed interpreter

@@ -357,12 +357,9 @@ class RemoteSessions(Protocol):
         """How the session is paused (None: it runs)."""
         ...
 
-    def session_place(self, session_id: str) -> str:
-        """Where the session lives (a node's id)."""
-        ...
-
     def place_session(self, session_id: str, place: str) -> None:
-        """Make a new session (before its workspace) live at ``place``."""
+        """Make a new session (before its workspace) live at ``place`` (a node's id, where a
+        snapshot is kept: ``ClusterSnapshots.place``)."""
         ...
 
     def snapshot_session(self, record: dict[str, Any], name: str, owner: str, bring_back: bool) -> dict[str, Any]:

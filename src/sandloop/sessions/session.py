@@ -826,7 +826,7 @@ class Session:
         snap = snapshots.get(snapshot_id)
         on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
         if on_host is None:
-            raise SandboxError("this backend keeps workspaces on other hosts")
+            raise SandboxError("this backend keeps workspaces on other hosts: start it where it lives")
         directory = snapshots.dir(snap.id)
         copy_files(directory / "files", on_host)
         with self._kernel.locked():
@@ -846,10 +846,7 @@ class Session:
         is restored unless ``bring_back`` is False. Under the kernel's lock."""
         on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
         if on_host is None:
-            raise SandboxError(
-                "this backend keeps workspaces on other hosts: snapshots and forks are not supported on it "
-                "(pause and resume are)"
-            )
+            raise SandboxError("this backend keeps workspaces on other hosts: pause it where it lives")
         kernel = self._kernel.running()
         dropped: builtins.list[str] = []
         memory = memory_backend(self._root.backend)
@@ -947,6 +944,12 @@ class Session:
             self._kernel.close()
             self._dispatcher.drop_pools(lambda spec: (SESSION_LABEL, self.id) in spec.labels)
             self._closed = True
+
+    def let_go(self) -> None:
+        """Release only this handle's hold on the interpreter (a node's handle for one call from
+        a driver): the session's pooled sandboxes stay for its next runs."""
+        self._kernel.close()
+        self._closed = True
 
     def delete(self) -> None:
         """Remove the session: its interpreter, containers, workspace and record."""

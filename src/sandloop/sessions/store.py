@@ -26,7 +26,7 @@ from sandloop.contract import HostDiskFull, SandboxError, SessionNotFound
 from sandloop.paths import default_home
 from sandloop.runtime.base import Housekeeping, RemoteSessions, WorkspaceRef, Workspaces
 from sandloop.runtime.labels import SESSION_LABEL, owner_alive
-from sandloop.sessions.snapshots import paused_kind
+from sandloop.sessions.snapshots import PAUSED, paused_kind
 
 WORKSPACE = "/workspace"
 #: The workspace is mounted here too: where code written for E2B's sandboxes keeps its files.
@@ -105,6 +105,12 @@ class SessionStore:
         if self.remote is not None:
             return self.remote.session_paused(session_id)
         return paused_kind(self._dir(session_id))
+
+    def stopped_here(self, session_id: str) -> bool:
+        """Whether the session is paused on this host, or a pause of it was cut short here (its
+        next pause, resume or attach settles which)."""
+        d = self._dir(session_id)
+        return paused_kind(d) is not None or (d / f".{PAUSED}").exists()
 
     def expired(self, record: SessionRecord, now: float | None = None) -> bool:
         now = time.time() if now is None else now
@@ -225,7 +231,7 @@ class SessionStore:
     ) -> SessionRecord:
         """A new session's record and workspace; ``reserved_by``: a warm session kept by that
         process until ``claim``; ``place``: where it lives, on a backend whose sessions live on
-        other hosts (``RemoteSessions.session_place``: a fork lives where its snapshot is)."""
+        other hosts (a node's id: a session from a snapshot lives where the snapshot is kept)."""
         session_id = "s-" + secrets.token_hex(6)
         d = self._dir(session_id)
         d.mkdir(parents=True, mode=0o700)

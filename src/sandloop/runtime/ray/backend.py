@@ -521,9 +521,6 @@ class RayBackend:
         kind = self._call(self._session_node(session_id), "session_paused", record, timeout=PAUSE)
         return None if kind is None else str(kind)
 
-    def session_place(self, session_id: str) -> str:
-        return self._session_node(session_id)
-
     def place_session(self, session_id: str, place: str) -> None:
         if place not in self.node_ids():
             raise SessionLost(f"node {place[:12]} is gone: a session cannot be started there")

@@ -286,74 +286,58 @@ class NodeService:
         session_id = dict(labels).get(SESSION_LABEL)
         if not session_id:
             return
-        d = self.root.sessions.root / session_id
-        if self.root.sessions.paused(session_id) or (d / ".paused").exists():
+        if self.root.sessions.stopped_here(session_id):
             raise SessionPaused(f"session {session_id} is paused: resume it (resume(), or Session.attach) to use it")
 
     @contextlib.contextmanager
-    def _between_cells(self, session: Any) -> Iterator[None]:
-        """Hold the session's interpreter's cell lock (a cell sent here takes it: this waits for
-        one in flight); after, let go of its handle (checkpointed, stopped or restored as a new
-        sandbox: the driver's next cell finds the interpreter again)."""
-        kernel_id = session.interpreter_id()
-        cells: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-        if kernel_id is not None:
-            with self._lock:
-                cells = self._kernel_locks.setdefault(kernel_id, threading.Lock())
-        with cells:
-            yield
-        if kernel_id is not None and (held := self._release(kernel_id)) is not None:
-            with contextlib.suppress(Exception):  # only the handle goes
-                self.root.backend.detach(held)
+    def _session(self, record: dict[str, Any], *, between_cells: bool = False) -> Iterator[Any]:
+        """A handle here on one of this node's sessions, for one call from a driver, let go after.
+        ``between_cells``: hold its interpreter's cell lock meanwhile (a cell sent here takes it:
+        this waits for one in flight), then let go of the node's handle on that interpreter too
+        (checkpointed, stopped or restored as a new sandbox: the driver's next cell finds it)."""
+        session = self.root.session_here(record)
+        try:
+            kernel_id = session.interpreter_id() if between_cells else None
+            cells: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+            if kernel_id is not None:
+                with self._lock:
+                    cells = self._kernel_locks.setdefault(kernel_id, threading.Lock())
+            with cells:
+                yield session
+            if kernel_id is not None and (held := self._release(kernel_id)) is not None:
+                with contextlib.suppress(Exception):  # only the handle goes
+                    self.root.backend.detach(held)
+        finally:
+            session.let_go()
 
     def pause_session(self, record: dict[str, Any], keep_memory: bool) -> str:
         """Pause one of this node's sessions (``Session.pause`` on the driver), between cells."""
-        session = self.root.session_here(record)
-        try:
-            with self._between_cells(session):
-                return str(session.pause_here(keep_memory=keep_memory))
-        finally:
-            session.close()
+        with self._session(record, between_cells=True) as session:
+            return str(session.pause_here(keep_memory=keep_memory))
 
     def resume_session(self, record: dict[str, Any]) -> str:
         """Start one of this node's paused sessions again; the next cell finds its interpreter."""
-        session = self.root.session_here(record)
-        try:
+        with self._session(record) as session:
             return str(session.resume_here())
-        finally:
-            session.close()
 
     def session_paused(self, record: dict[str, Any]) -> str | None:
         """How one of this node's sessions is paused (None: it runs), a cut-short pause settled."""
-        session = self.root.session_here(record)
-        try:
+        with self._session(record) as session:
             kind = session.settle_here()
             return None if kind is None else str(kind)
-        finally:
-            session.close()
 
     # Snapshots: kept here, where the session was, in this node's own store (its reaper expires them).
     def snapshot_session(self, record: dict[str, Any], name: str, owner: str, bring_back: bool) -> dict[str, Any]:
-        session = self.root.session_here(record)
-        try:
-            with self._between_cells(session):
-                return asdict(session.snapshot_here(name, owner=owner, bring_back=bring_back))
-        finally:
-            session.close()
+        with self._session(record, between_cells=True) as session:
+            return asdict(session.snapshot_here(name, owner=owner, bring_back=bring_back))
 
     def start_from_snapshot(self, record: dict[str, Any], snapshot_id: str) -> None:
-        session = self.root.session_here(record)
-        try:
+        with self._session(record) as session:
             session.start_here(snapshot_id)
-        finally:
-            session.close()
 
     def restore_from_snapshot(self, record: dict[str, Any], snapshot_id: str) -> None:
-        session = self.root.session_here(record)
-        try:
+        with self._session(record) as session:
             session.restore_here(snapshot_id)
-        finally:
-            session.close()
 
     def snapshot_record(self, snapshot_id: str) -> dict[str, Any] | None:
         try:
