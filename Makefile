@@ -27,11 +27,12 @@ run: setup
 
 # The whole suite on the default backend (oci: runs direct where parity holds, runc-class ones
 # started by bubblewrap, the rest through Docker; docs/runtimes.md), then the isolation, runner
-# and adversarial suites again on Docker only, and the isolation suite with runc starting the
-# direct runs (test_oci.py drives runc directly in the first pass).
+# and adversarial suites again on Docker only (templates on Docker run in test_ray.py, whose nodes
+# use the Docker backend), and the isolation suite with runc starting the direct runs (test_oci.py
+# drives runc directly in the first pass).
 # No Docker engine asked (issue 26): the image built without it by tests/integration/test_no_docker.py.
 NO_ENGINE = {"type": "oci", "engine": false, "store": "/var/lib/sandloop/oci-no-docker"}
-SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/integration/test_templates.py tests/adversarial
+SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/adversarial
 
 test: setup-dev
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -34,18 +33,20 @@ def test_engine_stopped_mid_run_then_recovery():
         pytest.skip("dockerd is not a local process here")
     d = Dispatcher(DockerBackend(call_timeout=20), Settings(pool_size=1))
     outcome: list[object] = []
+    started = threading.Event()
 
     def long_run() -> None:
+        code = "import time\nprint('started', flush=True)\ntime.sleep(60)"
         try:
-            outcome.append(
-                d.run(build_request("import time\nprint('started', flush=True)\ntime.sleep(60)", timeout_seconds=90))
-            )
+            outcome.append(d.run(build_request(code, timeout_seconds=90, on_output=lambda *_: started.set())))
         except SandboxError as exc:
             outcome.append(exc)
 
     worker = threading.Thread(target=long_run)
     worker.start()
-    time.sleep(2)  # let it start; the run is sleeping inside the sandbox
+    # The run is sleeping inside its sandbox once it printed (a fixed wait here was not enough on
+    # a busy machine: the engine was stopped before the sandbox started).
+    assert started.wait(120), f"the run never started: {outcome}"
     os.kill(pid, 15)  # dockerd shuts down, stopping its containers
     worker.join(120)
     assert not worker.is_alive(), "the run hung after the engine stopped"
