@@ -104,10 +104,11 @@ def test_create_envs_metadata_and_list_paging(server):
 
 
 def test_a_sandbox_ends_at_its_timeout(server):
-    s = PlainSandbox.create(timeout=2)
+    s = PlainSandbox.create(timeout=120)  # time enough for its command however busy the machine
     sid = s.sandbox_id
     assert s.commands.run("echo alive").stdout == "alive\n"
-    time.sleep(3)
+    s.set_timeout(1)  # from now
+    time.sleep(2)
     with pytest.raises(NotFoundException):
         PlainSandbox.get_info(sid)
     assert sid not in {r.id for r in _root_sessions()}
