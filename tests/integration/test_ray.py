@@ -295,8 +295,12 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
     lost one left."""
     session = root.create_session(quota="16m")
     session.run_cell("kept = 1")  # its interpreter holds the workspace on the node
+    (paused,) = session.fork()  # lives where its parent does
+    assert paused.pause() == "state"  # and stays there, paused, when that node is lost
+    paused.close()
     session.close()
     victim = root.backend._session_node(session.id)
+    assert root.backend._session_node(paused.id) == victim
     survivor = next(n for n in root.backend.node_ids() if n != victim)
     t0 = time.time()
     outcomes: dict[int, tuple] = {}
@@ -346,23 +350,33 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
         time.sleep(1)
     with pytest.raises(SessionLost, match="gone"):
         root.attach_session(session.id)
+    with pytest.raises(SessionLost, match="gone"):  # a paused session is lost with its node
+        root.attach_session(paused.id)
     assert _run_starts(t0) == 5  # four runs and the later one: none started a second time
     # The session is deleted while its node is gone; the node returns (a new Ray node on the same
     # host and home): its reaper removes the lost actor's leftovers (their owner is dead) once they
     # ended, and the deleted session's workspace.
     root.sessions.delete(session.id)
+    root.sessions.delete(paused.id)
     ray_cluster.restart_node(ray_cluster.last_killed)
+    home = ray_cluster.homes[ray_cluster.last_killed]
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if len(root.backend.node_ids()) == 2:
             root.backend.status()  # reaches the new node's actor: its reaper runs at start
-            if not _leftover_runs(t0) and not _volume_of(session.id) and not _containers_of(session.id):
+            if (
+                not _leftover_runs(t0)
+                and not _volume_of(session.id)
+                and not _volume_of(paused.id)
+                and not _containers_of(session.id)
+            ):
                 break
         time.sleep(2)
     assert len(root.backend.node_ids()) == 2
     assert not _leftover_runs(t0)
-    assert not _volume_of(session.id)
+    assert not _volume_of(session.id) and not _volume_of(paused.id)
     assert not _containers_of(session.id)  # its interpreter too
+    assert not (home / "sessions" / paused.id).exists()  # what its pause kept went with it
 
 
 def _volume_of(session_id: str) -> list[str]:
