@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import docker
 import httpx
@@ -369,6 +370,7 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
                 and not _volume_of(session.id)
                 and not _volume_of(paused.id)
                 and not _containers_of(session.id)
+                and not (home / "sessions" / paused.id).exists()
             ):
                 break
         time.sleep(2)
@@ -376,7 +378,11 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
     assert not _leftover_runs(t0)
     assert not _volume_of(session.id) and not _volume_of(paused.id)
     assert not _containers_of(session.id)  # its interpreter too
-    assert not (home / "sessions" / paused.id).exists()  # what its pause kept went with it
+    kept = home / "sessions" / paused.id
+    assert not kept.exists(), (  # what its pause kept went with it
+        sorted(str(p.relative_to(kept)) for p in kept.rglob("*")),
+        [line for line in Path("/proc/self/mounts").read_text().splitlines() if str(kept) in line],
+    )
 
 
 def _volume_of(session_id: str) -> list[str]:

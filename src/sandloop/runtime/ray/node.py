@@ -135,7 +135,8 @@ class NodeService:
         }
 
     def _remove_dropped_workspaces(self) -> None:
-        """Workspaces here of sessions deleted while this host's node was gone."""
+        """What this host has of sessions deleted while its node was gone: their workspaces and
+        directories (a pause's state), wherever either is still found."""
         import ray
 
         dropped: set[str] = set(
@@ -143,12 +144,14 @@ class NodeService:
         )
         if not dropped:
             return
-        for item in self.root.backend.owned():
-            session = item.labels.get(SESSION_LABEL)
-            if item.kind == "workspace" and session in dropped:
-                # Its interpreter still holds the workspace: it goes first (found by hand: a
-                # session with a kernel kept its volume and its interpreter after the node returned).
-                self.root.sessions.delete(session)
+        here = {item.labels.get(SESSION_LABEL) for item in self.root.backend.owned() if item.kind == "workspace"}
+        # A directory without its workspace too: an engine shared with another node (one host,
+        # two nodes) may have had the volume removed by that node.
+        here |= {d.name for d in self.root.sessions.root.glob("s-*")}
+        for session in sorted(dropped & {s for s in here if s}):
+            # Its interpreter still holds the workspace: it goes first (found by hand: a
+            # session with a kernel kept its volume and its interpreter after the node returned).
+            self.root.sessions.delete(session)
 
     # -- coarse runs (the node's own warm pool) -------------------------------------------------
     def run(self, request: RunRequest) -> ExecutionResult:
