@@ -48,9 +48,11 @@ def test_shell_fork_bomb(lim):
     # ends, and the bomb dies with its container. But the top-level shell forks twice (one per
     # side of the pipe); when the first side's descendants fill the process ceiling before the
     # second fork, bash retries that fork with back-off and the run is killed at its timeout
-    # (seen once in a full local run). Either way it ends within its bound (_run checks that).
+    # (seen once in a full local run), or bash gives up retrying first and exits 2 (seen in CI
+    # under gVisor on a busy machine). Either way it ends within its bound (_run checks that), and
+    # the process ceiling is what stopped it.
     r = _run(":(){ :|:& };:", lim, "bash", timeout=5)
-    assert (r.exit_code == 0 and not r.timed_out) or (r.timed_out and "fork: retry" in r.stderr), r
+    assert (r.exit_code == 0 and not r.timed_out) or "fork: retry" in r.stderr, r
     r = _run("bomb() { bomb | bomb & }; bomb; sleep 2; echo still here", lim, "bash", timeout=10)
     assert r.timed_out or "fork" in r.stderr or r.stdout == "still here\n"
 
