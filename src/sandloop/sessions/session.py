@@ -798,15 +798,20 @@ class Session:
 
         root = root or default_root()
         snapshots = root.snapshots
-        snap = snapshots.get(snapshot.id if isinstance(snapshot, SnapshotRecord) else snapshot)
+        snapshot_id = snapshot.id if isinstance(snapshot, SnapshotRecord) else snapshot
+        # on a cluster, where the snapshot is kept (its memory image and files), found with its record
+        place, snap = (
+            snapshots.locate(snapshot_id)
+            if isinstance(snapshots, ClusterSnapshots)
+            else (None, snapshots.get(snapshot_id))
+        )
         record = root.sessions.create(
             ttl_seconds=float(ttl if ttl is not None else snap.ttl_seconds),
             quota_bytes=snap.quota_bytes,
             image=snap.image,
             limits=snap.limits,
             owner_uid_gid=snap.owner_uid_gid,
-            # on a cluster, where the snapshot is kept: its memory image and files are there
-            place=snapshots.place(snap.id) if isinstance(snapshots, ClusterSnapshots) else None,
+            place=place,
         )
         session = cls(root=root, _record=record)
         session._created_here = True

@@ -187,18 +187,18 @@ class ClusterSnapshots:
     def __init__(self, remote: RemoteSessions) -> None:
         self.remote = remote
 
-    def get(self, snapshot_id: str) -> SnapshotRecord:
+    def locate(self, snapshot_id: str) -> tuple[str, SnapshotRecord]:
+        """Where it is kept (a session started from it lives there too), and its record."""
         found = self.remote.snapshot_record(check_snapshot_id(snapshot_id))
         if found is None:
             raise SnapshotNotFound(f"no snapshot {snapshot_id}: it was deleted, or never made (or its node is gone)")
-        return SnapshotRecord(**found[1])
+        return found[0], SnapshotRecord(**found[1])
+
+    def get(self, snapshot_id: str) -> SnapshotRecord:
+        return self.locate(snapshot_id)[1]
 
     def place(self, snapshot_id: str) -> str:
-        """Where it is kept (a session started from it lives there too)."""
-        found = self.remote.snapshot_record(check_snapshot_id(snapshot_id))
-        if found is None:
-            raise SnapshotNotFound(f"no snapshot {snapshot_id}: it was deleted, or never made (or its node is gone)")
-        return found[0]
+        return self.locate(snapshot_id)[0]
 
     def list(self, session_id: str | None = None) -> builtins.list[SnapshotRecord]:
         return sorted((SnapshotRecord(**r) for r in self.remote.snapshot_records(session_id)), key=lambda r: r.created)
