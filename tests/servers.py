@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -39,10 +40,21 @@ def serve_in_thread(app) -> Iterator[str]:
         thread.join(10)
 
 
+def server_log(proc: subprocess.Popen, tail: int = 4000) -> str:
+    """The end of what a server started by ``sandloop_process`` wrote to stderr (for failure messages)."""
+    path = getattr(proc, "log_path", None)
+    if path is None:
+        return proc.stderr.read().decode() if proc.stderr else ""
+    try:
+        return Path(path).read_text(errors="replace")[-tail:]
+    except OSError:
+        return ""
+
+
 def wait_for_port(port: int, proc: subprocess.Popen, patience: float = 60) -> None:
     deadline = time.monotonic() + patience
     while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the server exited: {proc.stderr.read().decode() if proc.stderr else ''}"
+        assert proc.poll() is None, f"the server exited: {server_log(proc)}"
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -54,14 +66,21 @@ def wait_for_port(port: int, proc: subprocess.Popen, patience: float = 60) -> No
 def sandloop_process(
     *args: str, home: Path, env: dict[str, str] | None = None
 ) -> Iterator[tuple[int, subprocess.Popen]]:
-    """``sandloop ARGS --port P`` as a subprocess with its own SANDLOOP_HOME; yields (port, process)."""
+    """``sandloop ARGS --port P`` as a subprocess with its own SANDLOOP_HOME; yields (port, process).
+
+    Its stderr goes to a temporary file (a pipe nobody reads would stall a chatty server);
+    ``server_log(proc)`` gives its tail for a failure message.
+    """
     port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="sandloop-serve-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandloop", *args, "--port", str(port)],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
         env={**os.environ, "SANDLOOP_HOME": str(home), **(env or {})},
     )
+    log.close()
+    proc.log_path = log.name  # type: ignore[attr-defined]
     try:
         wait_for_port(port, proc)
         yield port, proc
@@ -72,6 +91,7 @@ def sandloop_process(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+        Path(log.name).unlink(missing_ok=True)
 
 
 def rss_bytes(pid: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import uuid
 from pathlib import Path
 
 
@@ -16,6 +17,24 @@ def default_home() -> Path:
     if os.geteuid() == 0:
         return Path("/var/lib/sandloop")
     return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "sandloop"
+
+
+def write_atomically(path: Path, data: str | bytes, mode: int = 0o600) -> None:
+    """Replace ``path`` whole: a reader sees the old content or the new, never a part. Each writer
+    (thread or process) writes a temporary file of its own beside it and the last rename wins
+    (one shared temporary name let two writers interleave into a damaged file: seen in CI, a
+    session record with a stray ``}`` after two requests touched it at once). The directory
+    must exist: a writer never brings back one that was removed."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, mode)  # whatever the umask took away
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def tree_size(path: Path) -> int:

@@ -140,6 +140,18 @@ class Sandloop:
 
         return Session.attach(session_id, root=self, resume=resume)
 
+    def delete_session(self, session_id: str) -> None:
+        """Remove a session: its interpreter, sandboxes, workspace and record; also one whose
+        record is damaged (``SessionDamaged`` on attach)."""
+        from sandloop.contract import SessionDamaged
+
+        try:
+            session = self.attach_session(session_id, resume=False)
+        except SessionDamaged:
+            self.sessions.delete(session_id)
+            return
+        session.delete()
+
     def list_sessions(self) -> list[SessionRecord]:
         return self.sessions.list()
 

@@ -22,7 +22,7 @@ import pytest
 
 from sandloop.server.tokens import TokenStore
 from tests.helpers import direct_sandboxes, owned_by_pid
-from tests.servers import sandloop_process
+from tests.servers import sandloop_process, server_log
 
 BOUND = 90.0
 
@@ -78,7 +78,11 @@ def test_server_dies_mid_burst_then_restarts(sig, tmp_path):
             return None
         if r.status_code != 200:
             # a clean error: the API's {"code", "message"} with a 4xx/5xx
-            record(kind, f"HTTP {r.status_code}", started, r.status_code >= 400 and "code" in r.json())
+            try:
+                clean = r.status_code >= 400 and "code" in r.json()
+            except ValueError:  # not the API's JSON error: an unhandled exception in the server
+                clean = False
+            record(kind, f"HTTP {r.status_code} {r.text[:200]}", started, clean)
             return None
         body: dict = r.json()
         return body
@@ -136,8 +140,10 @@ def test_server_dies_mid_burst_then_restarts(sig, tmp_path):
             for t in threads:
                 t.join(BOUND + 30)
             assert not any(t.is_alive() for t in threads), "a request hung"
+            errors = [o for o in outcomes if not o[3]]
+            assert not errors, (errors, server_log(second))
             gone = httpx.delete(f"{state['url']}/v1/sessions/{session_id}", headers=headers, timeout=120)
-            assert gone.status_code == 204, gone.text
+            assert gone.status_code == 204, (gone.text, server_log(second))
     finally:
         stop.set()
     summary: dict[str, int] = {}

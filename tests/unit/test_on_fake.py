@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from sandloop import SandboxBusy, SandboxLimits, Sandloop, SessionNotFound, Settings
-from sandloop.contract import EngineUnavailable, ImageMissing
+from sandloop import SandboxBusy, SandboxError, SandboxLimits, Sandloop, SessionNotFound, Settings
+from sandloop.contract import EngineUnavailable, ImageMissing, SessionDamaged
 from sandloop.runtime.base import SandboxSpec
 from sandloop.testing.fake import FakeBackend
 from tests.servers import serve_in_thread
@@ -116,6 +116,63 @@ def test_sessions_bookkeeping(fake):
         fake.attach_session(sid)
 
 
+def test_a_record_saved_by_many_threads_at_once_stays_whole(fake):
+    """Requests touch a session's record at once (every attach restarts its idle clock). With one
+    shared temporary file two saves interleaved into a damaged record (CI: a stray ``}``, and every
+    later call on the session failed); each save now writes its own and the last rename wins."""
+    from dataclasses import replace
+
+    s = fake.create_session(quota="16m")
+    s.close()
+    store = fake.sessions
+    record = store.load(s.id)
+    stop = threading.Event()
+    damaged: list[str] = []
+    failed: list[str] = []
+
+    def writer(n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1  # records of different lengths: an interleaving would show
+            try:
+                store.save(replace(record, last_used=record.last_used + n * 10**i % 9973, ttl_seconds=60 + i % 7 * 1e5))
+            except OSError as exc:  # (a save that lost its temporary file to another: touch ignores it)
+                failed.append(repr(exc))
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                store.load(s.id)
+            except SandboxError as exc:
+                damaged.append(str(exc))
+                return
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(1, 5)] + [threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    time.sleep(2)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert damaged == [] and failed == [], (damaged[:1], failed[:1])
+    assert [p.name for p in (store.root / s.id).iterdir() if p.name.endswith(".tmp")] == []  # none left
+    fake.delete_session(s.id)
+    assert not (store.root / s.id).exists()
+
+
+def test_a_session_with_a_damaged_record_says_so_and_can_still_be_deleted(fake):
+    s = fake.create_session(quota="16m")
+    s.close()
+    path = fake.sessions.root / s.id / "session.json"
+    path.write_text(path.read_text() + "}")  # what two interleaved saves once left
+    with pytest.raises(SessionDamaged, match="is damaged .*delete the session"):
+        fake.attach_session(s.id)
+    fake.delete_session(s.id)
+    assert not path.parent.exists()
+    with pytest.raises(SessionNotFound):
+        fake.attach_session(s.id)
+
+
 def test_reap_removes_expired_sessions_and_dead_owners_leftovers(fake):
     s = fake.create_session(quota="16m", ttl=1)
     sid = s.id
@@ -153,6 +210,29 @@ def test_the_api_scopes_and_meters_on_the_fake(tmp_path, fake):
         assert b.post("/v1/runs", json={"code": "print(1)"}).status_code == 200  # bob has his own window
         a.close()
         b.close()
+
+
+def test_a_bug_in_the_server_answers_in_the_apis_shape_and_is_logged(tmp_path, fake, monkeypatch, caplog):
+    """An exception nobody mapped (a bug) still answers ``{code, message}`` (500 ``internal``), with
+    an incident id that the server's log repeats beside the traceback: a client never gets a bare
+    text body, and an operator can find what happened."""
+    from sandloop.server.app import create_app
+    from sandloop.server.tokens import TokenStore
+
+    tokens = TokenStore(tmp_path / "tokens.sqlite")
+    secret, _ = tokens.create("alice")
+
+    def broken() -> list:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(fake, "list_sessions", broken)
+    with serve_in_thread(create_app(tokens, sandloop=fake)) as url:
+        r = httpx.get(f"{url}/v1/sessions", headers={"Authorization": f"Bearer {secret}"}, timeout=60)
+    assert r.status_code == 500, r.text
+    body = r.json()
+    assert body["code"] == "internal" and "RuntimeError" in body["message"], body
+    incident = body["message"].rsplit(" ", 1)[-1]
+    assert any(incident in rec.getMessage() and "a bug" in rec.getMessage() for rec in caplog.records)
 
 
 class _ClusterFake(FakeBackend):

@@ -44,7 +44,7 @@ def test_events_are_envds_and_arrive_before_the_next_call(tmp_path):
 def test_the_file_apis_replace_is_one_write_and_its_temporary_name_never_shows(tmp_path):
     (tmp_path / "f.txt").write_text("old")
     with Watcher(tmp_path, ".", session_id="t", include_entry=True) as w:
-        tmp = tmp_path / ("f.txt" + watch.TMP_SUFFIX)
+        tmp = tmp_path / f"f.txt.{os.urandom(6).hex()}{watch.TMP_SUFFIX}"  # files_helper.py's op_write
         tmp.write_text("new")
         os.replace(tmp, tmp_path / "f.txt")
         events = w.events()

@@ -240,6 +240,12 @@ def session_cp(
 @session_app.command("rm")
 def session_rm(session_ids: Annotated[list[str], typer.Argument(help="Session ids.")]) -> None:
     """Delete sessions: their interpreter, containers and workspace."""
+    from sandloop.root import configure
+
+    root = configure(_one_call_settings())
     for sid in session_ids:
-        _session(sid).delete()
+        try:  # a paused one is not resumed first; one with a damaged record goes too
+            root.delete_session(sid)
+        except SandboxError as exc:
+            raise _fail_for(exc) from None
         out.print(f"deleted {sid}")

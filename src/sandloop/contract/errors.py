@@ -16,6 +16,7 @@ sandbox itself cannot do its job::
     ├── WorkspaceFull               the session's workspace quota is used up
     ├── HostDiskFull                the host's disk cannot back a workspace or an image export
     ├── SessionNotFound             no live session with that id (deleted or expired)
+    ├── SessionDamaged              the session's record cannot be read (deleting it still works)
     ├── SessionPaused               the session is paused: resume it first
     ├── SessionNotPaused            resume of a running session, pause of a paused one
     ├── SnapshotNotFound            no snapshot with that id
@@ -144,6 +145,13 @@ class NodeLost(SandboxError):
     once). New calls go to live nodes."""
 
     code = "node_lost"
+
+
+class SessionDamaged(SandboxError):
+    """The session's record cannot be read (kept as it is for a person to look at); deleting the
+    session still removes it and everything it holds."""
+
+    code = "session_damaged"
 
 
 class SessionLost(SessionNotFound):

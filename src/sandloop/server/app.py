@@ -17,6 +17,8 @@ provider endpoints the operator listed (providers.py).
     pages.py     /, /docs, /healthz, /metrics
 """
 
+import logging
+import secrets
 from typing import TYPE_CHECKING, Literal
 
 from fastapi import FastAPI, Request
@@ -43,6 +45,8 @@ from sandloop.server.tokens import TokenStore
 
 if TYPE_CHECKING:
     from sandloop.root import Sandloop
+
+log = logging.getLogger("sandloop.server")
 
 #: Bodies of routes that take none (GET, DELETE) are refused past this.
 _SMALL_BODY = 64 * 1024
@@ -125,6 +129,23 @@ def create_app(
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
         message = f"no route {request.method} {request.url.path}; see /docs" if exc.status_code == 404 else exc.detail
         return JSONResponse({"code": code, "message": str(message)}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not the caller's doing: the answer keeps the API's shape and names the log entry
+        # (Starlette re-raises after this answer, so the server's log has the whole traceback).
+        incident = secrets.token_hex(4)
+        log.error(
+            "incident %s: %s %s raised %s: %s", incident, request.method, request.url.path, type(exc).__name__, exc
+        )
+        return JSONResponse(
+            {
+                "code": "internal",
+                "message": f"the server failed on this request ({type(exc).__name__}); its log has the details "
+                f"under incident {incident}",
+            },
+            status_code=500,
+        )
 
     @app.exception_handler(RequestValidationError)
     def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

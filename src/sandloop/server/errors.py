@@ -12,6 +12,7 @@ STATUS = {
     "session_not_found": 404,
     "context_not_found": 404,
     "session_lost": 410,
+    "session_damaged": 500,
     "node_lost": 503,
     "path_refused": 400,
     "too_large": 413,

@@ -60,8 +60,10 @@ def session_routes(api: Api) -> APIRouter:
 
     @router.delete("/v1/sessions/{session_id}", status_code=204)
     def delete_session(session_id: str, token: Auth) -> Response:
+        if store.owner_of(session_id) != token.id:  # someone else's and nonexistent look the same
+            raise ApiError(404, "not_found", f"no session {session_id}")
         with rates.use(token):
-            owned(token, session_id).delete()
+            root.delete_session(session_id)
         store.disown(session_id)
         return Response(status_code=204)
 

@@ -203,9 +203,10 @@ def op_write(args, data):
                 os.unlink(path)
             raise
         return {"size": len(data)}
-    # one already there is replaced whole: a reader never sees half of it (a watch sees one write)
-    tmp = path + ".sandloop-tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    # one already there is replaced whole: a reader never sees half of it (a watch sees one write);
+    # each write its own temporary file, so two racing writes cannot interleave into one
+    tmp = f"{path}.{os.urandom(6).hex()}.sandloop-tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from sandloop.contract import HostDiskFull, SandboxError, SessionNotFound
-from sandloop.paths import default_home
+from sandloop.contract import HostDiskFull, SandboxError, SessionDamaged, SessionNotFound
+from sandloop.paths import default_home, write_atomically
 from sandloop.runtime.base import Housekeeping, RemoteSessions, WorkspaceRef, Workspaces
 from sandloop.runtime.labels import SESSION_LABEL, owner_alive
 from sandloop.sessions.snapshots import PAUSED, paused_kind
@@ -148,7 +148,16 @@ class SessionStore:
             return None
 
     def load(self, session_id: str) -> SessionRecord:
-        record = self._read(session_id)
+        try:
+            record = self._read(session_id)
+        except (ValueError, TypeError) as exc:
+            where = (
+                "in the cluster's registry" if self.shared is not None else str(self._dir(session_id) / "session.json")
+            )
+            raise SessionDamaged(
+                f"the record of session {session_id} is damaged ({exc}); it is kept as it is for you to look at "
+                f"({where}): delete the session to remove it and what it holds"
+            ) from None
         if record is None or record.reserved_by:
             raise SessionNotFound(f"no session {session_id}: it was deleted or expired")
         if self.expired(record):
@@ -164,13 +173,9 @@ class SessionStore:
         if self.shared is not None:
             self.shared.put_record(record.id, asdict(record))
             return
-        path = self._dir(record.id) / "session.json"
-        tmp = path.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(asdict(record)))
-            os.replace(tmp, path)  # the old record stays whole until the new one is
+        try:  # the old record stays whole until the new one is
+            write_atomically(self._dir(record.id) / "session.json", json.dumps(asdict(record)))
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             if exc.errno == errno.ENOSPC:
                 raise HostDiskFull(f"cannot save session {record.id}: the disk under {self.root} is full") from None
             raise

@@ -51,8 +51,10 @@ MAX_DIRS = 4096
 MAX_EVENTS = 10_000
 #: Moves whose second half has not come yet (a move out of the tree never sends one).
 MAX_MOVES = 64
-#: The file API's temporary name for a file being replaced (files_helper.py's op_write).
+#: The file API's temporary name for a file being replaced (files_helper.py's op_write):
+#: ``NAME.<12 hex digits>.sandloop-tmp``.
 TMP_SUFFIX = ".sandloop-tmp"
+_TMP_TAIL = 1 + 12 + len(TMP_SUFFIX)
 
 _MASK = (
     flags.CREATE
@@ -284,8 +286,8 @@ class Watcher:
             return
         rel = f"{d.rel}/{name}" if d.rel else name
         if name.endswith(TMP_SUFFIX) and not is_dir:
-            if mask & flags.MOVED_FROM:  # the file API replacing rel[:-len(TMP_SUFFIX)]
-                self._moved(cookie, rel[: -len(TMP_SUFFIX)], True)
+            if mask & flags.MOVED_FROM:  # the file API replacing rel without its temporary tail
+                self._moved(cookie, rel[:-_TMP_TAIL], True)
             return
         if mask & flags.MOVED_FROM:
             self._moved(cookie, rel, False)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import ipaddress
-import os
 import ssl
 import threading
 import uuid
@@ -19,15 +18,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from sandloop.paths import write_atomically
+
 _DAY = datetime.timedelta(days=1)
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    write_atomically(path, data, 0o600)
 
 
 class CertificateAuthority:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sandloop.contract import SandboxError
+from sandloop.paths import write_atomically
 from sandloop.runtime.base import SandboxSpec
 
 #: Fields a rendered config may differ from Docker's in: where the root and the hostname file
@@ -153,9 +154,7 @@ class Templates:
                 if not found:
                     raise SandboxError("could not read the configuration Docker gave its runtime")
                 self.directory.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(found))
-                tmp.rename(path)
+                write_atomically(path, json.dumps(found), 0o644)
             self._memory[spec] = found
             return found
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sandloop.contract import HostDiskFull, SandboxError
-from sandloop.paths import unmount_below
+from sandloop.paths import unmount_below, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,7 @@ IMAGE_CONFIG = "image.json"
 
 def _write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    tmp.write_text(text)
-    tmp.rename(path)
+    write_atomically(path, text, 0o644)
 
 
 class RootfsStore:

@@ -190,8 +190,8 @@ def _load_secret(path: Path) -> bytes:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
     value = secrets.token_bytes(32)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")  # each writer its own
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(value.hex())
     try:

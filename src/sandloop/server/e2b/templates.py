@@ -48,6 +48,7 @@ from sandloop.contract import InvalidArgument, SandboxError, TemplateNotFound
 from sandloop.images.templates import BuildEvent, TemplateSpec, split_ref
 from sandloop.images.templates.build import scratch
 from sandloop.images.templates.spec import RUNTIME, Step, make_step
+from sandloop.paths import write_atomically
 from sandloop.server.context import Auth
 from sandloop.server.e2b.control import body_of
 from sandloop.server.e2b.service import TEMPLATES, E2BError
@@ -130,9 +131,7 @@ class E2BTemplates:
             return
         record = {**dataclasses.asdict(build), "logs": build.logs[-RECORD_LOG_LINES:]}
         self.records.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-        tmp.write_text(json.dumps(record))
-        tmp.rename(path)
+        write_atomically(path, json.dumps(record))
         if build.status in FINISHED:
             self._prune(build.token_id)
             with self._lock:
