@@ -173,6 +173,26 @@ def test_a_session_with_a_damaged_record_says_so_and_can_still_be_deleted(fake):
         fake.attach_session(s.id)
 
 
+def test_over_http_a_damaged_session_answers_its_code_and_deletes(tmp_path, fake):
+    from sandloop.server.app import create_app
+    from sandloop.server.tokens import TokenStore
+
+    tokens = TokenStore(tmp_path / "tokens.sqlite")
+    secret, _ = tokens.create("alice")
+    with serve_in_thread(create_app(tokens, sandloop=fake)) as url:
+        c = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=60)
+        sid = c.post("/v1/sessions", json={"quota": "16m"}).json()["id"]
+        path = fake.sessions.root / sid / "session.json"
+        path.write_text(path.read_text() + "}")
+        r = c.get(f"/v1/sessions/{sid}/files")
+        assert r.status_code == 500 and r.json()["code"] == "session_damaged", r.text
+        assert "delete the session" in r.json()["message"]
+        assert c.delete(f"/v1/sessions/{sid}").status_code == 204
+        assert c.get(f"/v1/sessions/{sid}").status_code == 404
+        assert not path.parent.exists()
+        c.close()
+
+
 def test_reap_removes_expired_sessions_and_dead_owners_leftovers(fake):
     s = fake.create_session(quota="16m", ttl=1)
     sid = s.id
