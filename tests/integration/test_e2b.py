@@ -548,6 +548,19 @@ def test_code_contexts_async(server):
     assert asyncio.run(main()) == (None, "42", True)
 
 
+def test_a_sandbox_whose_record_is_damaged_still_dies_whole(server):
+    from sandloop.root import default_root
+
+    s = PlainSandbox.create(timeout=120)
+    assert s.commands.run("echo up").stdout == "up\n"
+    path = default_root().sessions.root / s.sandbox_id / "session.json"
+    path.write_text(path.read_text() + "}")  # what two interleaved saves once left
+    s.kill()
+    assert not path.parent.exists()
+    with pytest.raises(NotFoundException):
+        PlainSandbox.get_info(s.sandbox_id)
+
+
 def test_nothing_left_after_kill(server, sbx):
     sbx.kill()
     assert not PlainSandbox.list().next_items()

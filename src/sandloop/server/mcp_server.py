@@ -256,7 +256,9 @@ def create_mcp_server(
     @_guarded
     def session_delete(ctx: Context, session_id: str) -> CallToolResult:
         with metered(ctx) as token:
-            attach(token, session_id).delete()
+            if tokens is not None and (token is None or tokens.owner_of(session_id) != token.id):
+                raise SessionNotFound(f"no session {session_id}")
+            root.delete_session(session_id)  # not resumed first; one with a damaged record goes too
         if tokens is not None:
             tokens.disown(session_id)
         return _text(f"deleted {session_id}")

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from sandloop.contract import SandboxError, SessionNotFound, SessionNotPaused
+from sandloop.contract import SandboxError, SessionDamaged, SessionNotFound, SessionNotPaused
 from sandloop.server.e2b.registry import E2BSandbox, Registry
 from sandloop.server.tokens import Token
 
@@ -215,6 +215,10 @@ class E2B:
             s = self.session(sandbox_id)
         except E2BError:
             return  # the session is gone already; forget() removed the rest
+        except SessionDamaged:  # its record cannot be read: removed all the same
+            self.api.root.delete_session(sandbox_id)
+            self.forget(sandbox_id)
+            return
         with self._lock:
             self._killing.add(sandbox_id)
         try:
@@ -335,6 +339,8 @@ class E2B:
         except SessionNotFound:
             self.forget(sandbox_id)
             raise E2BError(404, f"sandbox {sandbox_id} not found (its session was deleted)") from None
+        except SessionDamaged:  # there, unreadable: each call that needs the record says so; kill works
+            pass
         return box
 
     def mine(self, token: Token, sandbox_id: str) -> E2BSandbox:
