@@ -42,11 +42,8 @@ def serve_in_thread(app) -> Iterator[str]:
 
 def server_log(proc: subprocess.Popen, tail: int = 4000) -> str:
     """The end of what a server started by ``sandloop_process`` wrote to stderr (for failure messages)."""
-    path = getattr(proc, "log_path", None)
-    if path is None:
-        return proc.stderr.read().decode() if proc.stderr else ""
     try:
-        return Path(path).read_text(errors="replace")[-tail:]
+        return Path(proc.log_path).read_text(errors="replace")[-tail:]  # type: ignore[attr-defined]
     except OSError:
         return ""
 

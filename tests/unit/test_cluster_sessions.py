@@ -64,7 +64,7 @@ class RemoteFake(FakeBackend, Nodes):
 def test_snapshots_are_found_listed_sized_and_deleted_on_whichever_node_keeps_them(tmp_path):
     nodes = RemoteFake(tmp_path)
     snapshots = ClusterSnapshots(nodes)
-    assert snapshots.get("snap-bbbb").size_bytes == 32 and snapshots.place("snap-bbbb") == "node-b"
+    assert snapshots.get("snap-bbbb").size_bytes == 32 and snapshots.locate("snap-bbbb")[0] == "node-b"
     assert [r.id for r in snapshots.list()] == ["snap-bbbb", "snap-aaaa"]  # oldest first, across nodes
     assert snapshots.total_bytes("alice") == 10 and snapshots.total_bytes() == 42
     with pytest.raises(SnapshotNotFound, match="its node is gone"):

@@ -112,9 +112,12 @@ class Api:
         return SandboxLimits(memory=memory, cpus=wanted.cpus, pids=wanted.pids, runtime=wanted.runtime, egress=egress)
 
     # -- sessions a token owns -----------------------------------------------------------------
-    def owned(self, token: Token, session_id: str) -> "Session":
+    def check_owner(self, token: Token, session_id: str) -> None:
         if self.tokens.owner_of(session_id) != token.id:  # someone else's and nonexistent look the same
             raise ApiError(404, "not_found", f"no session {session_id}")
+
+    def owned(self, token: Token, session_id: str) -> "Session":
+        self.check_owner(token, session_id)
         return self.root.attach_session(session_id, resume=False)  # resumed only when asked
 
     def with_session(self, token: Token, session_id: str, call: Callable[["Session"], Any]) -> Any:

@@ -115,9 +115,12 @@ def create_mcp_server(
         with rates.use(token):
             yield token
 
-    def attach(token: Token | None, session_id: str) -> Session:
+    def check_owner(token: Token | None, session_id: str) -> None:
         if tokens is not None and (token is None or tokens.owner_of(session_id) != token.id):
             raise SessionNotFound(f"no session {session_id}")  # someone else's looks like none
+
+    def attach(token: Token | None, session_id: str) -> Session:
+        check_owner(token, session_id)
         return root.attach_session(session_id)
 
     @server.tool(
@@ -247,8 +250,7 @@ def create_mcp_server(
     @_guarded
     def session_pause(ctx: Context, session_id: str) -> CallToolResult:
         with metered(ctx) as token:
-            if tokens is not None and (token is None or tokens.owner_of(session_id) != token.id):
-                raise SessionNotFound(f"no session {session_id}")
+            check_owner(token, session_id)
             with root.attach_session(session_id, resume=False) as s:
                 return _text(f"paused {session_id}: kept its {s.pause()}")
 
@@ -256,8 +258,7 @@ def create_mcp_server(
     @_guarded
     def session_delete(ctx: Context, session_id: str) -> CallToolResult:
         with metered(ctx) as token:
-            if tokens is not None and (token is None or tokens.owner_of(session_id) != token.id):
-                raise SessionNotFound(f"no session {session_id}")
+            check_owner(token, session_id)
             root.delete_session(session_id)  # not resumed first; one with a damaged record goes too
         if tokens is not None:
             tokens.disown(session_id)

@@ -60,8 +60,7 @@ def session_routes(api: Api) -> APIRouter:
 
     @router.delete("/v1/sessions/{session_id}", status_code=204)
     def delete_session(session_id: str, token: Auth) -> Response:
-        if store.owner_of(session_id) != token.id:  # someone else's and nonexistent look the same
-            raise ApiError(404, "not_found", f"no session {session_id}")
+        api.check_owner(token, session_id)
         with rates.use(token):
             root.delete_session(session_id)
         store.disown(session_id)

@@ -197,9 +197,6 @@ class ClusterSnapshots:
     def get(self, snapshot_id: str) -> SnapshotRecord:
         return self.locate(snapshot_id)[1]
 
-    def place(self, snapshot_id: str) -> str:
-        return self.locate(snapshot_id)[0]
-
     def list(self, session_id: str | None = None) -> builtins.list[SnapshotRecord]:
         return sorted((SnapshotRecord(**r) for r in self.remote.snapshot_records(session_id)), key=lambda r: r.created)
 

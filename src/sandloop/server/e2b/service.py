@@ -216,7 +216,7 @@ class E2B:
         except E2BError:
             return  # the session is gone already; forget() removed the rest
         except SessionDamaged:  # its record cannot be read: removed all the same
-            self.api.root.delete_session(sandbox_id)
+            self.api.root.sessions.delete(sandbox_id)
             self.forget(sandbox_id)
             return
         with self._lock:
