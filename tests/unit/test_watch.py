@@ -14,8 +14,54 @@ from sandloop.sessions import watch
 from sandloop.sessions.watch import Watcher, live_watchers
 
 
-def _fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+class _FdLedger:
+    """Every descriptor the watch module opens and closes, counted at its calls (``os.open``,
+    ``os.dup``, ``os.pipe2``, ``os.close``, ``INotify``): exact, whatever else in this process
+    opens or closes descriptors meanwhile (a collected object of an earlier test, a thread)."""
+
+    def __init__(self) -> None:
+        self.opened: set[int] = set()
+        self.closed: set[int] = set()
+        self.notifies: list = []
+
+    def __getattr__(self, name: str):
+        return getattr(os, name)
+
+    def open(self, *args, **kwargs) -> int:
+        fd = os.open(*args, **kwargs)
+        self.opened.add(fd)
+        return fd
+
+    def dup(self, fd: int) -> int:
+        new = os.dup(fd)
+        self.opened.add(new)
+        return new
+
+    def pipe2(self, flags: int) -> tuple[int, int]:
+        r, w = os.pipe2(flags)
+        self.opened.update((r, w))
+        return r, w
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+        self.closed.add(fd)
+
+    def left_open(self) -> list:
+        return sorted(self.opened - self.closed) + [n for n in self.notifies if not n.closed]
+
+
+@pytest.fixture
+def ledger(monkeypatch) -> _FdLedger:
+    book = _FdLedger()
+
+    class _CountedINotify(watch.INotify):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            book.notifies.append(self)
+
+    monkeypatch.setattr(watch, "os", book)
+    monkeypatch.setattr(watch, "INotify", _CountedINotify)
+    return book
 
 
 def _kinds(events):
@@ -104,10 +150,9 @@ def test_symlinks_the_sandbox_planted_are_never_followed(tmp_path):
     assert live_watchers("t") == 0
 
 
-def test_watchers_are_counted_per_session_and_on_the_host(tmp_path, monkeypatch):
+def test_watchers_are_counted_per_session_and_on_the_host(tmp_path, monkeypatch, ledger):
     monkeypatch.setattr(watch, "MAX_PER_SESSION", 2)
     monkeypatch.setattr(watch, "MAX_WATCHERS", 3)
-    before = _fds()
     a = Watcher(tmp_path, ".", session_id="s1")
     b = Watcher(tmp_path, ".", session_id="s1")
     with pytest.raises(SandboxBusy, match="session s1 already has 2"):
@@ -120,19 +165,20 @@ def test_watchers_are_counted_per_session_and_on_the_host(tmp_path, monkeypatch)
         w.close()
         w.close()  # idempotent
     assert live_watchers() == 0
-    assert _fds() == before  # the inotify instances, the pipes and the directories: all closed
+    assert ledger.opened and len(ledger.notifies) == 3  # the ledger saw the watchers' descriptors
+    assert ledger.left_open() == []  # the inotify instances, the pipes and the directories: all closed
     with pytest.raises(SandboxError, match="stopped"):
         a.events()
 
 
-def test_a_tree_too_big_to_watch_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
+def test_a_tree_too_big_to_watch_is_refused_and_leaves_nothing(tmp_path, monkeypatch, ledger):
     monkeypatch.setattr(watch, "MAX_DIRS", 5)
     for i in range(8):
         (tmp_path / f"d{i}").mkdir()
-    before = _fds()
     with pytest.raises(SandboxBusy, match="more than 5 directories"):
         Watcher(tmp_path, ".", recursive=True, session_id="t")
-    assert _fds() == before and live_watchers() == 0
+    assert ledger.opened and ledger.notifies
+    assert ledger.left_open() == [] and live_watchers() == 0
     with Watcher(tmp_path, ".", session_id="t") as w:  # not recursive: one directory
         assert len(w._dirs) == 1
 
