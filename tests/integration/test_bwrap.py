@@ -123,6 +123,14 @@ def test_from_the_host_the_sandbox_is_65534_in_its_own_namespaces_and_cgroups(pa
         cgroups = Path("/sys/fs/cgroup")
         mine = f"sandloop/{sandbox.id}"
         pids = (cgroups / "memory" / mine / "cgroup.procs").read_text().split()
+        monitor = str(sandbox.proc.pid)  # bwrap's own process (exec_as joined the cgroups before it)
+        joined_itself = bwrap_mod.exec_helper(bwrap.helpers) is not None
+        assert (monitor in pids) == joined_itself
+        if joined_itself:  # in the host's namespaces, as 65534 with nothing to gain
+            status = Path(f"/proc/{monitor}/status").read_text()
+            assert "\nUid:\t65534\t65534\t65534\t65534\n" in status and "\nCapEff:\t0000000000000000\n" in status
+            assert "\nCapPrm:\t0000000000000000\n" in status and "\nNoNewPrivs:\t1\n" in status
+            pids.remove(monitor)
         assert len(pids) >= 2  # tini and the launcher running the program
         for pid in pids:
             proc = Path(f"/proc/{pid}")

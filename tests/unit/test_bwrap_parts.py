@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sandloop.runtime.cgroup import make_v1, remove
 from sandloop.runtime.oci import bwrap
 
 CONFIG = {
@@ -168,6 +169,7 @@ def test_exec_as_gives_what_prlimit_and_setpriv_give(tmp_path):
         (["1", "1", "1", "99=5:5", "--", "/bin/true"], "bad resource 99"),
         (["1", "1", "1", "--", "true"], "no absolute PROGRAM"),
         (["65534", "65534", "65534", "--", "/no/such/program"], "cannot execute /no/such/program"),
+        (["1", "1", "1", "/no/such/cgroup", "--", "/bin/true"], "cannot open /no/such/cgroup/tasks"),
     ],
 )
 def test_exec_as_refuses_bad_input_before_anything_runs(tmp_path, args, said):
@@ -176,6 +178,34 @@ def test_exec_as_refuses_bad_input_before_anything_runs(tmp_path, args, said):
         pytest.skip("no C compiler here")
     done = subprocess.run([helper, *args], capture_output=True, text=True)
     assert done.returncode == 125 and said in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making cgroups needs root")
+def test_exec_as_joins_the_cgroups_itself_before_it_becomes_the_user(tmp_path):
+    """Each directory given is joined by the helper's own thread ("0" to ``tasks``), so the program
+    it executes (bwrap) and all it starts are born in the sandbox's cgroups, with the limits."""
+    helper = bwrap.exec_helper(tmp_path / "bin")
+    if helper is None:
+        pytest.skip("no C compiler here")
+    name = f"sandloop-test-{os.getpid()}"
+    made = make_v1(
+        "", name, {"memory": {"limit": 64 * 1024**2, "swap": 64 * 1024**2}, "pids": {"limit": 9}}, ("memory", "pids")
+    )
+    try:
+        config = {**CONFIG, "process": {**CONFIG["process"], "user": {"uid": 65534, "gid": 65534}}}
+        prefix = bwrap.privileges(config, helper, made)
+        assert bwrap.joins_cgroups(prefix, helper) and not bwrap.joins_cgroups(bwrap.privileges(config), None)
+        seen = subprocess.run(
+            [*prefix, "/bin/sh", "-c", "id -u; cat /proc/self/cgroup"], capture_output=True, text=True
+        )
+        assert seen.returncode == 0, seen.stderr
+        lines = seen.stdout.splitlines()
+        assert lines[0] == "65534"
+        joined = {line.split(":")[1]: line.split(":")[2] for line in lines[1:]}
+        assert joined["memory"] == joined["pids"] == f"/{name}"
+    finally:
+        remove(made)
+    assert not any(d.exists() for d in made)
 
 
 def test_without_a_compiler_prlimit_and_setpriv_are_used(tmp_path, monkeypatch):

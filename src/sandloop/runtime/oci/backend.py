@@ -186,7 +186,9 @@ class OCIBackend:
         self._bwrap = bwrap.bwrap_path() if runc_with == BWRAP else None
         if runc_with == BWRAP and self._bwrap is None:
             log.warning("runc_with=bwrap, but bwrap is not installed (apt-get install bubblewrap): runc starts them")
-        self._bwrap_gaps: dict[str, str] = {}
+        #: ``bwrap_gaps`` per template object (``Templates.get`` hands out one per spec; the
+        #: template is kept so its id is never another's).
+        self._bwrap_gaps: dict[int, tuple[Mapping[str, Any], str]] = {}
         self.workspaces = docker.workspaces
         self.state = state
         self.fallback = fallback
@@ -543,10 +545,10 @@ class OCIBackend:
 
     def bwrap_gaps(self, template: Mapping[str, Any]) -> str:
         """Why bubblewrap cannot start this template's sandboxes ('' when it can)."""
-        key = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
-        if key not in self._bwrap_gaps:
-            self._bwrap_gaps[key] = "; ".join(bwrap.gaps(template))
-        return self._bwrap_gaps[key]
+        found = self._bwrap_gaps.get(id(template))
+        if found is None or found[0] is not template:  # (a template is never changed once made)
+            found = self._bwrap_gaps[id(template)] = (template, "; ".join(bwrap.gaps(template)))
+        return found[1]
 
     def _launch_bwrap(
         self, config: dict[str, Any], rootfs: Path, bundle: Path, sandbox_id: str, spec: SandboxSpec

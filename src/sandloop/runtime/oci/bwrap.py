@@ -284,14 +284,16 @@ def argv(
 
 
 # -- around it, while it waits ----------------------------------------------------------------------
-def privileges(config: Mapping[str, Any], exec_as: str | None = None) -> list[str]:
+def privileges(config: Mapping[str, Any], exec_as: str | None = None, cgroups: Sequence[Path] = ()) -> list[str]:
     """What runs before bwrap, exec'd in turn by this (root) process's child: the config's
     ``RLIMIT_*`` set on itself (the sandbox inherits them; ``prlimit`` on the waiting child from
     here would need CAP_SYS_RESOURCE, which this host withholds even from root: measured EPERM),
     then the config's uid, gid and groups. ``exec_as`` (``exec_as.c``, see ``exec_helper``) does
     both in one exec; without it util-linux's ``prlimit`` then ``setpriv`` do (two execs, ~1.4 ms
     more CPU). Either way no ``subprocess`` ``user=``, which forks this whole process (measured
-    with a 150 MB server: 11.5 ms of the child's CPU and 9.8 of ours per start, against 4.3 and 0.4)."""
+    with a 150 MB server: 11.5 ms of the child's CPU and 9.8 of ours per start, against 4.3 and 0.4).
+    ``exec_as`` also joins the sandbox's ``cgroups`` itself, before bwrap starts (see
+    ``joins_cgroups``); util-linux's programs cannot, so then ``start`` moves bwrap's child in."""
     process = config["process"]
     user = process["user"]
     uid, gid = int(user["uid"]), int(user["gid"])
@@ -302,10 +304,18 @@ def privileges(config: Mapping[str, Any], exec_as: str | None = None) -> list[st
     ]
     if exec_as is not None and all(name in RLIMIT_NUMBERS for name, _, _ in rlimits):
         numbers = [f"{RLIMIT_NUMBERS[name]}={_rlim(soft)}:{_rlim(hard)}" for name, soft, hard in rlimits]
-        return [exec_as, str(uid), str(gid), groups, *numbers, "--"]
+        return [exec_as, str(uid), str(gid), groups, *(str(d) for d in cgroups), *numbers, "--"]
     limits = [f"--{name.lower()}={soft}:{hard}" for name, soft, hard in rlimits]
     prefix = [PRLIMIT, *limits, "--"] if limits else []
     return [*prefix, SETPRIV, f"--reuid={uid}", f"--regid={gid}", f"--groups={groups}", "--"]
+
+
+def joins_cgroups(prefix: Sequence[str], exec_as: str | None) -> bool:
+    """Whether ``privileges``' ``prefix`` joins the cgroups itself: ``exec_as`` writes "0" to each
+    one's ``tasks`` (a thread moving itself: no wait for an RCU grace period, which moving bwrap's
+    child by pid through ``cgroup.procs`` costs here, 3-12 ms a start). Then bwrap's own process
+    is in the sandbox's cgroups too (one pid of the pids limit, its few hundred KiB of memory)."""
+    return exec_as is not None and bool(prefix) and prefix[0] == exec_as
 
 
 def _rlim(value: int) -> str:
@@ -358,6 +368,11 @@ def exec_helper(directory: Path) -> str | None:
         return found
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def set_net_sysctls(pid: int, config: Mapping[str, Any]) -> None:
     """Docker's network sysctls, written in the sandbox's network namespace (a thread of its
     own enters it: a network namespace is per thread, and this one ends with the thread)."""
@@ -367,7 +382,7 @@ def set_net_sysctls(pid: int, config: Mapping[str, Any]) -> None:
     failure: list[BaseException] = []
 
     def enter_and_write() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = _libc()
         try:
             fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -452,8 +467,9 @@ def start(
             cgroups=cgroups,
         )
         stdin, stdout, stderr = stdio
+        prefix = privileges(config, exec_as, cgroups)
         proc = subprocess.Popen(
-            [*privileges(config, exec_as), *command],
+            [*prefix, *command],
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,
@@ -466,7 +482,8 @@ def start(
         if child is None:
             proc.wait(timeout=30)
             raise SandboxError(f"bwrap could not set up the sandbox (exit {proc.returncode}): see its stderr")
-        join(cgroups, child)
+        if not joins_cgroups(prefix, exec_as):
+            join(cgroups, child)
         set_net_sysctls(child, config)
         (bundle / "pid").write_text(str(child))
         os.write(block_w, b"go")

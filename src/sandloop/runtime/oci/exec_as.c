@@ -5,16 +5,23 @@
  * per sandbox, measured). Compiled on first use by bwrap.py; without a C compiler the two
  * util-linux programs are used instead.
  *
- *   exec-as UID GID GROUPS [RESOURCE=SOFT:HARD ...] -- PROGRAM [ARG ...]
+ *   exec-as UID GID GROUPS [RESOURCE=SOFT:HARD | /CGROUP-DIR ...] -- PROGRAM [ARG ...]
  *
  * GROUPS is a comma-separated list of gids (the supplementary groups); RESOURCE is a Linux
- * RLIMIT_* number, SOFT and HARD decimal or "inf". Limits are set first (as root: they may be
- * raised), then the groups, the gid and the uid; the change is checked (every uid and gid is the
- * new one, and uid 0 cannot be had back) before PROGRAM (an absolute path) is executed. Any
- * failure exits 125 with the reason on stderr, before anything runs.
+ * RLIMIT_* number, SOFT and HARD decimal or "inf"; a /CGROUP-DIR (a cgroup v1 directory) is
+ * joined by this process itself, writing "0" to its `tasks`: a single thread moving itself takes
+ * no cgroup_threadgroup_rwsem, so it does not wait for the RCU grace period that moving another
+ * process by pid through `cgroup.procs` waits for on this kernel (measured: 0.5 ms against 3-12
+ * for four controllers). This process is single-threaded, so its one thread is all of it, and
+ * everything it becomes and starts (bwrap, the sandbox) is born inside. Cgroups are joined and
+ * limits set first (as root: limits may be raised), then the groups, the gid and the uid; the
+ * change is checked (every uid and gid is the new one, and uid 0 cannot be had back) before
+ * PROGRAM (an absolute path) is executed. Any failure exits 125 with the reason on stderr, before
+ * anything runs.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
 #include <stdio.h>
@@ -30,6 +37,18 @@ static void die(const char *what, const char *arg) {
     exit(125);
 }
 
+static void join_cgroup(const char *dir) {
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/tasks", dir) >= (int)sizeof path)
+        die("cgroup path too long", dir);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        die("cannot open", path);
+    if (write(fd, "0", 1) != 1)
+        die("cannot join the cgroup", dir);
+    close(fd);
+}
+
 static unsigned long long number(const char *text, unsigned long long max, const char *what) {
     char *end;
     if (strcmp(text, "inf") == 0)
@@ -43,7 +62,7 @@ static unsigned long long number(const char *text, unsigned long long max, const
 
 int main(int argc, char **argv) {
     if (argc < 6)
-        die("usage: exec-as UID GID GROUPS [RES=SOFT:HARD ...] -- PROGRAM [ARG ...]", NULL);
+        die("usage: exec-as UID GID GROUPS [RES=SOFT:HARD | /CGROUP-DIR ...] -- PROGRAM [ARG ...]", NULL);
     uid_t uid = (uid_t)number(argv[1], UINT_MAX - 1, "bad uid");
     gid_t gid = (gid_t)number(argv[2], UINT_MAX - 1, "bad gid");
     gid_t groups[MAX_GROUPS];
@@ -57,6 +76,10 @@ int main(int argc, char **argv) {
     int i = 4;
     for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
         char *spec = argv[i], *eq = strchr(spec, '='), *colon = eq ? strchr(eq, ':') : NULL;
+        if (spec[0] == '/') {
+            join_cgroup(spec);
+            continue;
+        }
         if (!eq || !colon)
             die("bad limit", spec);
         *eq = *colon = '\0';
