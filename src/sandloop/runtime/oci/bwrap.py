@@ -23,8 +23,10 @@ while bwrap waits on ``--block-fd`` (its child made, namespaces set up, the prog
   (``runtime/tmpfs.py``); /etc/hostname; /sys is an empty read-only tmpfs but for
   ``/sys/devices/system/cpu`` and the sandbox's own cgroups at ``/sys/fs/cgroup/<controller>``
   (read-only, as Docker shows them): stricter than Docker's read-only sysfs.
-- **limits**: memory+swap, CPU quota, pids in cgroups the host makes (``runtime/cgroup.py``) and
-  moves the waiting child into; ``RLIMIT_*`` set before bwrap starts (see **user**); the two
+- **limits**: memory+swap, CPU quota, pids in cgroups the host makes (``runtime/cgroup.py``),
+  joined by ``exec_as`` itself before it becomes bwrap (so bwrap's own process, its setup's
+  kernel memory and one pid count against them, as runc's init does), or where there is no
+  ``exec_as`` the host moves the waiting child in; ``RLIMIT_*`` set before bwrap starts (see **user**); the two
   network sysctls Docker sets (unprivileged ports from 0, ping) written in its network
   namespace. OOM is read from the memory cgroup's counter as for runc.
 
@@ -435,9 +437,9 @@ def start(
     stdio: tuple[int, int, int],
     exec_as: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start the sandbox: host tmpfs mounts and cgroups made, bwrap started as the config's user;
-    once its child waits, the child is moved into the cgroups, given its rlimits and network
-    sysctls, its pid written to ``bundle/pid``, then let go. Anything that fails leaves no
+    """Start the sandbox: host tmpfs mounts and cgroups made, bwrap started as the config's user
+    in its cgroups (``exec_as``; without it, once bwrap's child waits, the child is moved in);
+    then the child is given its network sysctls, its pid written to ``bundle/pid``, then let go. Anything that fails leaves no
     process and no cgroup (the caller removes the bundle and its mounts).
 
     Raises:
