@@ -439,8 +439,9 @@ def start(
 ) -> subprocess.Popen[bytes]:
     """Start the sandbox: host tmpfs mounts and cgroups made, bwrap started as the config's user
     in its cgroups (``exec_as``; without it, once bwrap's child waits, the child is moved in);
-    then the child is given its network sysctls, its pid written to ``bundle/pid``, then let go. Anything that fails leaves no
-    process and no cgroup (the caller removes the bundle and its mounts).
+    then the child is given its network sysctls, its pid written to ``bundle/pid``, then let go.
+    Anything that fails leaves no process and no cgroup (the caller removes the bundle and its
+    mounts).
 
     Raises:
         SandboxError: bwrap could not set the sandbox up (its own words), or a limit did not take.
