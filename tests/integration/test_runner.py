@@ -25,6 +25,22 @@ def test_streams_are_separate_never_interleaved(limits):
     assert r.stderr == "".join(f"e {i}\n" for i in range(200))
 
 
+def test_large_writes_arrive_whole_and_at_once(limits):
+    """gVisor's pipes take at most 64 KiB a write: the rest of a 1 MiB print must not vanish (the
+    image's sandloop_stdio finishes a short write), through print and through sys.stdout.buffer;
+    and bytes written to sys.stdout.buffer leave at once, as text does (nothing waits in a buffer
+    for an exit that a kill would never reach)."""
+    big = limits.model_copy(update={"output_limit": 4 << 20})
+    code = (
+        "import sys, time\nprint('a' * (1 << 20))\nsys.stdout.buffer.write(b'b' * (1 << 20))\n"
+        "sys.stderr.write('c' * (1 << 20))\nsys.stdout.buffer.write(b'tail')\ntime.sleep(30)"
+    )
+    r = run_code(code, limits=big, timeout_seconds=4)
+    assert r.timed_out  # killed in its sleep: what it wrote before must all be there
+    assert r.stdout == "a" * (1 << 20) + "\n" + "b" * (1 << 20) + "tail", (len(r.stdout), r.stdout[-20:])
+    assert r.stderr == "c" * (1 << 20) and r.stdout_dropped_bytes == r.stderr_dropped_bytes == 0
+
+
 @pytest.mark.parametrize(
     "code, exit_code", [("import sys; sys.exit(3)", 3), ("raise ValueError('boom')", 1), ("def f(:", 1)]
 )
