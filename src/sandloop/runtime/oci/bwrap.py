@@ -26,9 +26,9 @@ while bwrap waits on ``--block-fd`` (its child made, namespaces set up, the prog
 - **limits**: memory+swap, CPU quota, pids in cgroups the host makes (``runtime/cgroup.py``),
   joined by ``exec_as`` itself before it becomes bwrap (so bwrap's own process, its setup's
   kernel memory and one pid count against them, as runc's init does), or where there is no
-  ``exec_as`` the host moves the waiting child in; ``RLIMIT_*`` set before bwrap starts (see **user**); the two
-  network sysctls Docker sets (unprivileged ports from 0, ping) written in its network
-  namespace. OOM is read from the memory cgroup's counter as for runc.
+  ``exec_as`` the host moves the waiting child in; ``RLIMIT_*`` set before bwrap starts (see
+  **user**); the two network sysctls Docker sets (unprivileged ports from 0, ping) written in
+  its network namespace. OOM is read from the memory cgroup's counter as for runc.
 
 ``gaps(config)`` lists what a config asks for that this translation does not reproduce (then the
 run goes to runc, or is refused without fallback).
