@@ -13,6 +13,7 @@ direct backend mounts it itself inside the sandbox's bundle (``mount_host_tmpfs`
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 
@@ -32,7 +33,9 @@ def host_tmpfs_needed(limits: SandboxLimits) -> bool:
     return limits.runtime == "runsc"
 
 
-def _libc() -> ctypes.CDLL:
+@functools.cache
+def libc() -> ctypes.CDLL:
+    """The C library, loaded once (mount, umount2, setns: calls Python's os module lacks here)."""
     return ctypes.CDLL(None, use_errno=True)
 
 
@@ -45,7 +48,7 @@ def mount_host_tmpfs(target: Path, options: SandboxLimits | str, flags: int = MS
     """
     target.mkdir(mode=0o700)
     data = (tmp_options(options) if isinstance(options, SandboxLimits) else options).encode()
-    if _libc().mount(b"tmpfs", str(target).encode(), b"tmpfs", flags, data) != 0:
+    if libc().mount(b"tmpfs", str(target).encode(), b"tmpfs", flags, data) != 0:
         err = ctypes.get_errno()
         raise SandboxError(f"could not mount the sandbox's /tmp at {target}: {os.strerror(err)} (run as root)")
 
@@ -54,4 +57,4 @@ def unmount_host_tmpfs(target: Path) -> None:
     """Detach the tmpfs at ``target`` if one is mounted there; never raises (its memory goes with
     the last reference)."""
     if target.is_mount():
-        _libc().umount2(str(target).encode(), MNT_DETACH)
+        libc().umount2(str(target).encode(), MNT_DETACH)

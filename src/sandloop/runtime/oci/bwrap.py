@@ -54,7 +54,7 @@ from typing import Any
 
 from sandloop.contract import SandboxError
 from sandloop.runtime.cgroup import V1, join, make_v1, remove
-from sandloop.runtime.tmpfs import MS_NODEV, MS_NOEXEC, MS_NOSUID, mount_host_tmpfs
+from sandloop.runtime.tmpfs import MS_NODEV, MS_NOEXEC, MS_NOSUID, libc, mount_host_tmpfs
 
 log = logging.getLogger(__name__)
 
@@ -370,11 +370,6 @@ def exec_helper(directory: Path) -> str | None:
         return found
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def set_net_sysctls(pid: int, config: Mapping[str, Any]) -> None:
     """Docker's network sysctls, written in the sandbox's network namespace (a thread of its
     own enters it: a network namespace is per thread, and this one ends with the thread)."""
@@ -384,11 +379,10 @@ def set_net_sysctls(pid: int, config: Mapping[str, Any]) -> None:
     failure: list[BaseException] = []
 
     def enter_and_write() -> None:
-        libc = _libc()
         try:
             fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             try:
-                if libc.setns(fd, CLONE_NEWNET) != 0:
+                if libc().setns(fd, CLONE_NEWNET) != 0:
                     raise OSError(ctypes.get_errno(), "setns")
             finally:
                 os.close(fd)
