@@ -188,11 +188,24 @@ def main() -> None:
         warm.dispatcher.prewarm(spec, timeout=120)
     result: dict[str, dict[str, float | str]] = {n: {} for n in names}
 
-    # back-to-back through the pool, round-robin per run
+    def quiet() -> None:
+        """Every pool full and settled, every teardown done: what one backend measures next is
+        not slowed by another's background work (three backends share this process and 2 cores)."""
+        for warm_root, cold_root in made.values():
+            warm_root.dispatcher.prewarm(SandboxSpec(warm_root.image, limits), timeout=120)
+            warm_root.dispatcher.settle(60)
+            for root in (warm_root, cold_root):
+                if isinstance(root.backend, OCIBackend):
+                    root.backend.drain(60)
+
+    # back-to-back through the pool: one backend's runs in a row (its pool draining and refilling
+    # as a user's loop would see it), each backend from a quiet start
     b2b: dict[str, list[float]] = {n: [] for n in names}
-    for _ in range(args.runs):
-        for n in names:
+    for n in names:
+        quiet()
+        for _ in range(args.runs):
             b2b[n].append(check(made[n][0], args.runtime))
+    quiet()
     # cold, round-robin
     cold: dict[str, list[float]] = {n: [] for n in names + ["floor"]}
     for _ in range(args.runs):
@@ -241,12 +254,14 @@ def main() -> None:
     print(json.dumps(result), flush=True)
     # throughput through the pool, beside bare processes on as many threads
     for threads in (4, 16):
+        quiet()
         t = time.perf_counter()
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(lambda _: floor_ms(), range(args.burst)))
         bare = args.burst / (time.perf_counter() - t)
         result["floor"][f"{args.burst} runs on {threads} threads, runs/s"] = bare
         for n in names:
+            quiet()
             t = time.perf_counter()
             warm_root = made[n][0]
             with ThreadPoolExecutor(threads) as pool:
@@ -255,6 +270,7 @@ def main() -> None:
             result[n][f"{args.burst} runs on {threads} threads, runs/s"] = rate
             result[n][f"{threads}-thread throughput ÷ floor"] = rate / bare
     # a 10,000-line print, cold
+    quiet()
     ten_k_floor = statistics.median(floor_ms(TEN_K) for _ in range(5))
     result["floor"]["10,000-line print p50 ms"] = ten_k_floor
     # the floor block-buffers a pipe (a few writes); a sandbox streams every print as it happens
@@ -263,6 +279,7 @@ def main() -> None:
     result["floor"]["10,000-line print, python3 -u, p50 ms"] = ten_k_unbuffered
     expect = "".join(f"{i}\n" for i in range(10000))
     for n in names:
+        quiet()
         took = statistics.median(check(made[n][1], args.runtime, TEN_K, expect) for _ in range(5))
         result[n]["10,000-line print p50 ms"] = took
         result[n]["10,000-line print ÷ floor"] = took / ten_k_floor
@@ -270,6 +287,7 @@ def main() -> None:
 
     if not args.no_humaneval:
         programs = humaneval_programs()
+        quiet()
         floor, passed = run_all(local, programs, 4)
         result["local subprocesses"] = {"HumanEval 164 on 4 threads s": floor, "HumanEval passed": passed}
         for n in names:
@@ -277,6 +295,7 @@ def main() -> None:
             def in_sandbox(code: str, root: Sandloop = made[n][0]) -> bool:
                 return root.run_code(code, "python", 30, limits=limits).ok
 
+            quiet()
             wall, passed = run_all(in_sandbox, programs, 4)
             result[n]["HumanEval 164 on 4 threads s"] = wall
             result[n]["HumanEval passed"] = passed

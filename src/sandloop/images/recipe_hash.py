@@ -11,6 +11,7 @@ RECIPE_DIR = Path(__file__).with_name("recipe")
 BASE_FILES = ("packages.txt", "requirements.txt", "node-packages.txt")
 RUNTIME_FILES = (
     "Dockerfile",
+    "start.py",
     "launcher.py",
     "kernel.py",
     "kernel_python.py",
