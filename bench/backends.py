@@ -1,5 +1,7 @@
 """Docker, the direct OCI backend with runc, and with bubblewrap starting runc-class sandboxes
-(issues 12 and 26), beside the floor (Debian's ``python3 -c`` on the host), in one run, round-robin.
+(issues 12 and 26), beside the floor (Debian's ``python3 -c`` on the host), in one run: cold runs
+round-robin; back-to-back runs, bursts and HumanEval one backend at a time, each from a quiet
+start (every pool settled, every teardown done).
 
     make bench-backends        # or: .venv/bin/python bench/backends.py --out docs/benchmarks.md
 
@@ -330,7 +332,7 @@ def render(result: dict[str, dict[str, float | str]], args: argparse.Namespace) 
     cols = list(result)
     out = [
         f"### Docker, direct OCI with runc and with bwrap ({args.runtime}, print(1), {args.runs} runs each, "
-        f"round-robin, {time.strftime('%Y-%m-%d')})",
+        f"cold round-robin, the rest from a quiet start, {time.strftime('%Y-%m-%d')})",
         "",
         "| | " + " | ".join(cols) + " |",
         "|---|" + "---:|" * len(cols),
