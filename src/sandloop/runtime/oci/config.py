@@ -9,7 +9,6 @@ cannot be used as is (then the run goes to Docker); ``diff`` is what the parity 
 
 from __future__ import annotations
 
-import copy
 import glob
 import hashlib
 import json
@@ -55,6 +54,20 @@ def docker_bundle_config(container_id: str) -> dict[str, Any] | None:
     return None
 
 
+#: Each template's JSON text, by identity (a template is never changed once made): a run's config
+#: is parsed from it, a quarter of the CPU of ``copy.deepcopy`` (most of it is the seccomp profile).
+_texts: dict[int, tuple[Mapping[str, Any], str]] = {}
+
+
+def _text(template: Mapping[str, Any]) -> str:
+    found = _texts.get(id(template))
+    if found is None or found[0] is not template:
+        if len(_texts) >= 256:  # templates come and go with their specs: never more than this
+            _texts.clear()
+        found = _texts[id(template)] = (template, json.dumps(dict(template)))
+    return found[1]
+
+
 def render(
     template: Mapping[str, Any],
     *,
@@ -66,7 +79,7 @@ def render(
 ) -> dict[str, Any]:
     """The template with the per-run fields filled in (``host_tmp``: the host tmpfs that is this
     sandbox's ``/tmp``, when Docker's config binds one)."""
-    config = copy.deepcopy(dict(template))
+    config: dict[str, Any] = json.loads(_text(template))
     config["root"]["path"] = str(rootfs)
     for mount in config.get("mounts", []):
         if mount.get("destination") == "/etc/hostname":
