@@ -41,6 +41,24 @@ def test_large_writes_arrive_whole_and_at_once(limits):
     assert r.stderr == "c" * (1 << 20) and r.stdout_dropped_bytes == r.stderr_dropped_bytes == 0
 
 
+def test_the_launcher_runs_from_the_bytecode_the_image_compiled(limits):
+    """The image's entry point (start.py) imports the launcher, whose bytecode the image compiled
+    at build with a checked hash: valid for the source that is there, so no start compiles it;
+    and there is one launcher module, whichever name it is imported by."""
+    code = (
+        "import importlib.util, sys\n"
+        "m = sys.modules['launcher']\n"
+        "head = open(m.__cached__, 'rb').read(16)\n"
+        "same = head[8:16] == importlib.util.source_hash(open(m.__file__, 'rb').read())\n"
+        "print(m.__file__, int.from_bytes(head[4:8], 'little'), same)\n"
+        "import launcher\n"
+        "print(launcher is m, sys.argv[0] != '/opt/sandloop/start.py')\n"
+    )
+    r = run_code(code, limits=limits)
+    assert r.ok, r.stderr
+    assert r.stdout == "/opt/sandloop/launcher.py 3 True\nTrue True\n"  # 3: hash-based, checked
+
+
 @pytest.mark.parametrize(
     "code, exit_code", [("import sys; sys.exit(3)", 3), ("raise ValueError('boom')", 1), ("def f(:", 1)]
 )
