@@ -134,28 +134,31 @@ def local(code: str) -> bool:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30).returncode == 0
 
 
-def _uss_outside(cgroup: str, sandbox_id: str) -> int:
-    """Bytes of private memory (USS) of the host's processes that name the sandbox on their command
-    line and are not in its memory cgroup: what keeping it costs beside the cgroup's own count
-    (runc's ``runc run`` stays as its parent; Docker's containerd shim; bwrap's monitor is inside)."""
-    total = 0
+def _host_processes() -> list[tuple[bytes, str, int]]:
+    """Every process's command line, memory cgroup and private memory (USS) in bytes, read once."""
+    found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                if sandbox_id.encode() not in f.read():
-                    continue
+                cmdline = f.read()
             with open(f"/proc/{entry.name}/cgroup") as f:
-                if any(line.split(":", 2)[1] == "memory" and line.rstrip().endswith(cgroup) for line in f):
-                    continue
+                memory = next((line.rstrip().split(":", 2)[2] for line in f if line.split(":")[1] == "memory"), "")
             with open(f"/proc/{entry.name}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                        total += int(line.split()[1]) * 1024
+                private = [line for line in f if line.startswith(("Private_Clean:", "Private_Dirty:"))]
+            uss = sum(int(line.split()[1]) * 1024 for line in private)
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
-    return total
+        found.append((cmdline, memory, uss))
+    return found
+
+
+def _uss_outside(processes: list[tuple[bytes, str, int]], cgroup: str, sandbox_id: str) -> int:
+    """Private memory of the host's processes that name the sandbox on their command line and are
+    not in its memory cgroup: what keeping it costs beside the cgroup's own count (runc's ``runc
+    run`` stays as its parent; Docker's containerd shim; bwrap's monitor is inside)."""
+    return sum(uss for cmdline, memory, uss in processes if sandbox_id.encode() in cmdline and memory != cgroup)
 
 
 def idle_memory_mib(oci: object) -> dict[str, dict[str, float]]:
@@ -163,15 +166,16 @@ def idle_memory_mib(oci: object) -> dict[str, dict[str, float]]:
     the private memory of its processes outside the cgroup ("host")."""
     assert isinstance(oci, OCIBackend)
     memory = Path("/sys/fs/cgroup/memory")
+    processes = _host_processes()
     found: dict[str, list[tuple[int, int]]] = {"docker": [], "oci": [], "oci+bwrap": []}
     for d in (memory / "docker").glob("*"):
         if d.is_dir():
             used = int((d / "memory.usage_in_bytes").read_text())
-            found["docker"].append((used, used + _uss_outside(f"/docker/{d.name}", d.name)))
+            found["docker"].append((used, used + _uss_outside(processes, f"/docker/{d.name}", d.name)))
     for d in (memory / "sandloop").glob("sandloop-*"):
         column = "oci" if (oci.state / "runtime" / "runc" / d.name).exists() else "oci+bwrap"
         used = int((d / "memory.usage_in_bytes").read_text())
-        found[column].append((used, used + _uss_outside(f"/sandloop/{d.name}", d.name)))
+        found[column].append((used, used + _uss_outside(processes, f"/sandloop/{d.name}", d.name)))
     return {
         k: {
             "cgroup": statistics.mean(u for u, _ in v) / 2**20,

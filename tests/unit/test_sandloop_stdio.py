@@ -8,11 +8,10 @@ import importlib.util
 import io
 import os
 import threading
-from pathlib import Path
 
-import sandloop
+from sandloop.images import RECIPE_DIR
 
-SOURCE = Path(sandloop.__file__).parent / "images" / "recipe" / "sandloop_stdio.py"
+SOURCE = RECIPE_DIR / "sandloop_stdio.py"
 
 
 def _module():

@@ -58,7 +58,14 @@ from sandloop.runtime.cgroup import make_v1, memory_oom_kills
 from sandloop.runtime.docker import DockerBackend, LiveSandbox
 from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
 from sandloop.runtime.oci import bwrap
-from sandloop.runtime.oci.config import Templates, binds_host_tmp, docker_bundle_config, parity_problems, render
+from sandloop.runtime.oci.config import (
+    Templates,
+    binds_host_tmp,
+    derived,
+    docker_bundle_config,
+    parity_problems,
+    render,
+)
 from sandloop.runtime.oci.generate import docker_config
 from sandloop.runtime.oci.kernels import (
     DirectKernel,
@@ -186,9 +193,6 @@ class OCIBackend:
         self._bwrap = bwrap.bwrap_path() if runc_with == BWRAP else None
         if runc_with == BWRAP and self._bwrap is None:
             log.warning("runc_with=bwrap, but bwrap is not installed (apt-get install bubblewrap): runc starts them")
-        #: ``bwrap_gaps`` per template object (``Templates.get`` hands out one per spec; the
-        #: template is kept so its id is never another's).
-        self._bwrap_gaps: dict[int, tuple[Mapping[str, Any], str]] = {}
         self.workspaces = docker.workspaces
         self.state = state
         self.fallback = fallback
@@ -545,10 +549,7 @@ class OCIBackend:
 
     def bwrap_gaps(self, template: Mapping[str, Any]) -> str:
         """Why bubblewrap cannot start this template's sandboxes ('' when it can)."""
-        found = self._bwrap_gaps.get(id(template))
-        if found is None or found[0] is not template:  # (a template is never changed once made)
-            found = self._bwrap_gaps[id(template)] = (template, "; ".join(bwrap.gaps(template)))
-        return found[1]
+        return derived(template, "bwrap gaps", lambda t: "; ".join(bwrap.gaps(t)))
 
     def _launch_bwrap(
         self, config: dict[str, Any], rootfs: Path, bundle: Path, sandbox_id: str, spec: SandboxSpec

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from sandloop.contract import SandboxError
 from sandloop.paths import write_atomically
@@ -54,18 +54,28 @@ def docker_bundle_config(container_id: str) -> dict[str, Any] | None:
     return None
 
 
-#: Each template's JSON text, by identity (a template is never changed once made): a run's config
-#: is parsed from it, a quarter of the CPU of ``copy.deepcopy`` (most of it is the seccomp profile).
-_texts: dict[int, tuple[Mapping[str, Any], str]] = {}
+T = TypeVar("T")
+#: What is derived from a template, by the template's identity and what: a template is never
+#: changed once made (``Templates.get`` hands out one per spec), and is kept here so its id is
+#: never another's.
+_derived: dict[tuple[int, str], tuple[Mapping[str, Any], Any]] = {}
+
+
+def derived(template: Mapping[str, Any], what: str, make: Callable[[Mapping[str, Any]], T]) -> T:
+    """``make(template)``, computed once per template (e.g. its JSON text, its bwrap gaps)."""
+    key = (id(template), what)
+    found = _derived.get(key)
+    if found is None or found[0] is not template:
+        if len(_derived) >= 512:  # templates come and go with their specs: never more than this
+            _derived.clear()
+        found = _derived[key] = (template, make(template))
+    return cast(T, found[1])
 
 
 def _text(template: Mapping[str, Any]) -> str:
-    found = _texts.get(id(template))
-    if found is None or found[0] is not template:
-        if len(_texts) >= 256:  # templates come and go with their specs: never more than this
-            _texts.clear()
-        found = _texts[id(template)] = (template, json.dumps(dict(template)))
-    return found[1]
+    """The template as JSON: a run's config is parsed from it, a quarter of the CPU of
+    ``copy.deepcopy`` (most of it is the seccomp profile)."""
+    return derived(template, "json", lambda t: json.dumps(dict(t)))
 
 
 def render(
