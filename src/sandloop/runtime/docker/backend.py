@@ -9,6 +9,7 @@ The container is force-removed whatever happened; cleanup never raises.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import socket
 import threading
@@ -54,6 +55,8 @@ _LIVE: set[str] = set()
 GIVE_UP_AFTER = 5
 #: Docker refuses memory limits below 6 MiB.
 MIN_MEMORY_BYTES = 6 * 1024 * 1024
+#: How long a sandbox that died whole by SIGKILL waits for the engine's word on an OOM kill.
+OOM_EVENT_WAIT = 10.0
 
 
 @dataclass(eq=False)
@@ -383,11 +386,11 @@ class DockerBackend:
             )
         oom = False
         if gone and not timed_out:
-            if kernel.cgroup:
-                oom = memory_oom_kills(cgroup) > oom_before
-            else:
+            oom = memory_oom_kills(cgroup) > oom_before  # exact while the cgroup is there
+            if not oom and not kernel.cgroup:
                 with contextlib.suppress(Exception):
-                    oom = bool(self.api.inspect_container(kernel.id).get("State", {}).get("OOMKilled"))
+                    exit_code = int(self.api.wait(kernel.id, timeout=self._call_timeout).get("StatusCode", -1))
+                    oom = self._engine_saw_oom(kernel.id, wait=exit_code == 137)
         result = protocol.cell_result(
             collector,
             limits=limits,
@@ -484,14 +487,36 @@ class DockerBackend:
         code = int(status.get("StatusCode", -1)) if reported is None else reported
         oom = False
         if code != 0:
-            state = self.api.inspect_container(container_id).get("State", {})
-            oom = bool(state.get("OOMKilled"))
-            if not oom and code == 137:
-                # Under runsc the engine's OOM event can come after the exit (seen once in seven CI
-                # runs: 137 with OOMKilled false); the container's memory cgroup counts the kill
-                # itself until the container is removed.
-                oom = memory_oom_kills(f"docker/{container_id}") > 0
+            # The launcher died with the sandbox (nothing reported): under runsc the kernel's OOM
+            # killer takes the whole Sentry, and the engine may record it after the exit.
+            oom = self._engine_saw_oom(container_id, wait=code == 137 and reported is None)
         return code, oom
+
+    def _engine_saw_oom(self, container_id: str, *, wait: bool) -> bool:
+        """Whether the engine recorded an OOM kill of this (exited) container.
+
+        The engine's OOM event can be handled after the exit (seen under runsc in CI: 137 with
+        ``OOMKilled`` false, and the container's memory cgroup, with its exact count, already
+        removed by the runtime's delete). With ``wait`` the engine's event log is read from the
+        container's creation until its ``oom`` event or ``OOM_EVENT_WAIT`` seconds: the wait is
+        paid only by a sandbox that died whole by SIGKILL without the engine saying why yet.
+        """
+        state = self.api.inspect_container(container_id)
+        if state.get("State", {}).get("OOMKilled"):
+            return True
+        if not wait:
+            return False
+        created = _timestamp(state.get("Created")) or time.time() - 3600
+        events = self.api.events(
+            since=int(created) - 1,
+            until=int(time.time() + OOM_EVENT_WAIT),
+            filters={"container": container_id, "event": "oom"},
+            decode=True,
+        )
+        try:
+            return any(True for _ in events)
+        finally:
+            events.close()
 
     # -- workspaces ---------------------------------------------------------------------------
     def create_workspace(self, session_id: str, quota_bytes: int, owner_uid_gid: str) -> WorkspaceRef:
@@ -649,6 +674,17 @@ class DockerBackend:
             self._remove(c["Id"])
             n += 1
         return n
+
+
+def _timestamp(text: str | None) -> float | None:
+    """Seconds since the epoch of the engine's RFC 3339 time (nanoseconds cut to micro)."""
+    if not text:
+        return None
+    head = text.rstrip("Z").partition(".")[0]
+    try:
+        return datetime.datetime.fromisoformat(head).replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return None
 
 
 def _stuck(container: dict[str, Any]) -> str:
