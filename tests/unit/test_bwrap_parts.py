@@ -170,6 +170,9 @@ def test_exec_as_gives_what_prlimit_and_setpriv_give(tmp_path):
         (["1", "1", "1", "--", "true"], "no absolute PROGRAM"),
         (["65534", "65534", "65534", "--", "/no/such/program"], "cannot execute /no/such/program"),
         (["1", "1", "1", "/no/such/cgroup", "--", "/bin/true"], "cannot open /no/such/cgroup/tasks"),
+        (["1", "1", "1", "net.ipv4.ip_forward=1", "--", "/bin/true"], "a sysctl before NETNS"),
+        (["1", "1", "1", "NETNS", "net.ipv4/../../kernel/x=1", "--", "/bin/true"], "bad sysctl"),
+        (["1", "1", "1", "NETNS", "net.no.such.key=1", "--", "/bin/true"], "cannot write the sysctl net.no.such.key"),
     ],
 )
 def test_exec_as_refuses_bad_input_before_anything_runs(tmp_path, args, said):
@@ -206,6 +209,48 @@ def test_exec_as_joins_the_cgroups_itself_before_it_becomes_the_user(tmp_path):
     finally:
         remove(made)
     assert not any(d.exists() for d in made)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a network namespace needs root")
+def test_exec_as_makes_the_network_namespace_with_dockers_sysctls(tmp_path):
+    """``NETNS``: the program starts in a network namespace of its own with only ``lo``, up, and
+    the config's net sysctls written there (not in the host's); bwrap is then told not to make one."""
+    helper = bwrap.exec_helper(tmp_path / "bin")
+    if helper is None:
+        pytest.skip("no C compiler here")
+    config = {**CONFIG, "process": {**CONFIG["process"], "user": {"uid": 65534, "gid": 65534}}}
+    config["linux"] = {**CONFIG["linux"], "sysctl": {**CONFIG["linux"]["sysctl"], "net.ipv4.ping_group_range": "0 7"}}
+    prefix = bwrap.privileges(config, helper)
+    assert bwrap.makes_netns(prefix) and not bwrap.makes_netns(bwrap.privileges(config))
+    assert "--unshare-net" not in bwrap.argv(
+        config,
+        bwrap="bwrap",
+        rootfs=Path("/r"),
+        tmp=Path("/t"),
+        shm=Path("/s"),
+        hostname_file=Path("/h"),
+        seccomp=7,
+        info=8,
+        block=9,
+        unshare_net=False,
+    )
+    probe = (
+        "import os, socket\n"
+        "print(os.readlink('/proc/self/ns/net'))\n"
+        "print(sorted(n for _, n in socket.if_nameindex()))\n"
+        "print(open('/proc/sys/net/ipv4/ip_unprivileged_port_start').read().strip())\n"
+        "print(open('/proc/sys/net/ipv4/ping_group_range').read().split())\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 80)); s.listen()\n"
+        "c = socket.create_connection(('127.0.0.1', 80)); print(os.getuid(), c.getpeername()[1])\n"
+    )
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("no system python3 for uid 65534 to run")
+    seen = subprocess.run([*prefix, "/usr/bin/python3", "-c", probe], capture_output=True, text=True)
+    assert seen.returncode == 0, seen.stderr
+    ns, names, port_start, ping, served = seen.stdout.splitlines()
+    assert ns != os.readlink("/proc/self/ns/net")
+    assert names == "['lo']" and port_start == "0" and ping == "['0', '7']" and served == "65534 80"
+    assert Path("/proc/sys/net/ipv4/ping_group_range").read_text().split() != ["0", "7"]  # not the host's
 
 
 def test_without_a_compiler_prlimit_and_setpriv_are_used(tmp_path, monkeypatch):

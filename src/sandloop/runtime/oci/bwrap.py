@@ -215,17 +215,19 @@ def argv(
     info: int,
     block: int,
     cgroups: Sequence[Path] = (),
+    unshare_net: bool = True,
 ) -> list[str]:
     """bwrap's command line for Docker's ``config`` (``gaps(config)`` empty); ``cgroups``: the
     sandbox's own cgroup directories, shown read-only at ``/sys/fs/cgroup/<controller>`` as
-    Docker shows a container its own."""
+    Docker shows a container its own; ``unshare_net`` false when ``exec_as`` made the network
+    namespace bwrap starts in (``privileges``)."""
     process = config["process"]
     user = process["user"]
     out = [
         bwrap,
         "--unshare-user",
         "--unshare-pid",
-        "--unshare-net",
+        *(["--unshare-net"] if unshare_net else []),
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-cgroup",
@@ -295,7 +297,9 @@ def privileges(config: Mapping[str, Any], exec_as: str | None = None, cgroups: S
     more CPU). Either way no ``subprocess`` ``user=``, which forks this whole process (measured
     with a 150 MB server: 11.5 ms of the child's CPU and 9.8 of ours per start, against 4.3 and 0.4).
     ``exec_as`` also joins the sandbox's ``cgroups`` itself, before bwrap starts (see
-    ``joins_cgroups``); util-linux's programs cannot, so then ``start`` moves bwrap's child in."""
+    ``joins_cgroups``), and makes the sandbox's network namespace with Docker's net sysctls in it
+    (``NETNS``: ``makes_netns``); util-linux's programs cannot, so then ``start`` moves bwrap's
+    child in, bwrap makes the namespace and a thread of ours writes the sysctls in it."""
     process = config["process"]
     user = process["user"]
     uid, gid = int(user["uid"]), int(user["gid"])
@@ -306,7 +310,8 @@ def privileges(config: Mapping[str, Any], exec_as: str | None = None, cgroups: S
     ]
     if exec_as is not None and all(name in RLIMIT_NUMBERS for name, _, _ in rlimits):
         numbers = [f"{RLIMIT_NUMBERS[name]}={_rlim(soft)}:{_rlim(hard)}" for name, soft, hard in rlimits]
-        return [exec_as, str(uid), str(gid), groups, *(str(d) for d in cgroups), *numbers, "--"]
+        net = ["NETNS", *(f"{key}={value}" for key, value in _net_sysctls(config).items())]
+        return [exec_as, str(uid), str(gid), groups, *(str(d) for d in cgroups), *numbers, *net, "--"]
     limits = [f"--{name.lower()}={soft}:{hard}" for name, soft, hard in rlimits]
     prefix = [PRLIMIT, *limits, "--"] if limits else []
     return [*prefix, SETPRIV, f"--reuid={uid}", f"--regid={gid}", f"--groups={groups}", "--"]
@@ -318,6 +323,16 @@ def joins_cgroups(prefix: Sequence[str], exec_as: str | None) -> bool:
     child by pid through ``cgroup.procs`` costs here, 3-12 ms a start). Then bwrap's own process
     is in the sandbox's cgroups too (one pid of the pids limit, its few hundred KiB of memory)."""
     return exec_as is not None and bool(prefix) and prefix[0] == exec_as
+
+
+def makes_netns(prefix: Sequence[str]) -> bool:
+    """Whether ``privileges``' ``prefix`` makes the sandbox's network namespace (``exec_as``'s
+    ``NETNS``): then bwrap does not, and the sysctls are already written."""
+    return "NETNS" in prefix[: prefix.index("--")] if "--" in prefix else False
+
+
+def _net_sysctls(config: Mapping[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in ((config.get("linux") or {}).get("sysctl") or {}).items() if k.startswith("net.")}
 
 
 def _rlim(value: int) -> str:
@@ -373,7 +388,7 @@ def exec_helper(directory: Path) -> str | None:
 def set_net_sysctls(pid: int, config: Mapping[str, Any]) -> None:
     """Docker's network sysctls, written in the sandbox's network namespace (a thread of its
     own enters it: a network namespace is per thread, and this one ends with the thread)."""
-    wanted = {k: v for k, v in ((config.get("linux") or {}).get("sysctl") or {}).items() if k.startswith("net.")}
+    wanted = _net_sysctls(config)
     if not wanted:
         return
     failure: list[BaseException] = []
@@ -432,8 +447,9 @@ def start(
     exec_as: str | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start the sandbox: host tmpfs mounts and cgroups made, bwrap started as the config's user
-    in its cgroups (``exec_as``; without it, once bwrap's child waits, the child is moved in);
-    then the child is given its network sysctls, its pid written to ``bundle/pid``, then let go.
+    in its cgroups and its network namespace (``exec_as``; without it, once bwrap's child waits,
+    the child is moved in and given its network sysctls); its pid written to ``bundle/pid``, then
+    it is let go.
     Anything that fails leaves no process and no cgroup (the caller removes the bundle and its
     mounts).
 
@@ -451,6 +467,7 @@ def start(
     block_r, block_w = os.pipe2(os.O_CLOEXEC)
     proc: subprocess.Popen[bytes] | None = None
     try:
+        prefix = privileges(config, exec_as, cgroups)
         command = argv(
             config,
             bwrap=bwrap,
@@ -462,9 +479,9 @@ def start(
             info=info_w,
             block=block_r,
             cgroups=cgroups,
+            unshare_net=not makes_netns(prefix),
         )
         stdin, stdout, stderr = stdio
-        prefix = privileges(config, exec_as, cgroups)
         proc = subprocess.Popen(
             [*prefix, *command],
             stdin=stdin,
@@ -481,7 +498,8 @@ def start(
             raise SandboxError(f"bwrap could not set up the sandbox (exit {proc.returncode}): see its stderr")
         if not joins_cgroups(prefix, exec_as):
             join(cgroups, child)
-        set_net_sysctls(child, config)
+        if not makes_netns(prefix):
+            set_net_sysctls(child, config)
         (bundle / "pid").write_text(str(child))
         os.write(block_w, b"go")
         return proc

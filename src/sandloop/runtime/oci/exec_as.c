@@ -5,7 +5,7 @@
  * per sandbox, measured). Compiled on first use by bwrap.py; without a C compiler the two
  * util-linux programs are used instead.
  *
- *   exec-as UID GID GROUPS [RESOURCE=SOFT:HARD | /CGROUP-DIR ...] -- PROGRAM [ARG ...]
+ *   exec-as UID GID GROUPS [RESOURCE=SOFT:HARD | /CGROUP-DIR | NETNS | net.KEY=VALUE ...] -- PROGRAM [ARG ...]
  *
  * GROUPS is a comma-separated list of gids (the supplementary groups); RESOURCE is a Linux
  * RLIMIT_* number, SOFT and HARD decimal or "inf"; a /CGROUP-DIR (a cgroup v1 directory) is
@@ -18,16 +18,28 @@
  * change is checked (every uid and gid is the new one, and uid 0 cannot be had back) before
  * PROGRAM (an absolute path) is executed. Any failure exits 125 with the reason on stderr, before
  * anything runs.
+ *
+ * NETNS makes the sandbox's network namespace here, as root, before the user changes: a new one
+ * with only `lo`, brought up (the kernel gives it 127.0.0.1 and ::1); each net.KEY=VALUE after it
+ * is a sysctl written in it (Docker's: unprivileged ports from 0, ping for every group). bwrap then
+ * runs without --unshare-net and the sandbox is born in it. As under runc, the namespace belongs
+ * to the host's user namespace, not the sandbox's: nothing the sandbox holds can configure it. It
+ * spares the launcher a thread that enters the namespace to write the sysctls once bwrap's child
+ * waits (~2 ms of every cold start, measured).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
+#include <net/if.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define MAX_GROUPS 64
@@ -46,6 +58,45 @@ static void join_cgroup(const char *dir) {
         die("cannot open", path);
     if (write(fd, "0", 1) != 1)
         die("cannot join the cgroup", dir);
+    close(fd);
+}
+
+static int netns_made = 0;
+
+static void new_netns(void) {
+    if (unshare(CLONE_NEWNET) != 0)
+        die("cannot make a network namespace", NULL);
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    strcpy(ifr.ifr_name, "lo");
+    if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) != 0)
+        die("cannot read the flags of", "lo");
+    ifr.ifr_flags |= IFF_UP;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0)
+        die("cannot bring up", "lo");
+    close(s);
+    netns_made = 1;
+}
+
+/* net.KEY=VALUE: /proc/sys/net/KEY (dots as slashes) in the namespace NETNS made. */
+static void net_sysctl(char *spec) {
+    char path[PATH_MAX], *eq = strchr(spec, '=');
+    errno = 0;
+    if (!netns_made)
+        die("a sysctl before NETNS", spec);
+    if (!eq || eq == spec || strchr(spec, '/') || strstr(spec, ".."))
+        die("bad sysctl", spec);
+    *eq = '\0';
+    if (snprintf(path, sizeof path, "/proc/sys/%s", spec) >= (int)sizeof path)
+        die("sysctl too long", spec);
+    for (char *c = path + strlen("/proc/sys/"); *c; c++)
+        if (*c == '.')
+            *c = '/';
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    size_t len = strlen(eq + 1);
+    if (fd < 0 || write(fd, eq + 1, len) != (ssize_t)len)
+        die("cannot write the sysctl", spec);
     close(fd);
 }
 
@@ -78,6 +129,14 @@ int main(int argc, char **argv) {
         char *spec = argv[i], *eq = strchr(spec, '='), *colon = eq ? strchr(eq, ':') : NULL;
         if (spec[0] == '/') {
             join_cgroup(spec);
+            continue;
+        }
+        if (strcmp(spec, "NETNS") == 0) {
+            new_netns();
+            continue;
+        }
+        if (strncmp(spec, "net.", 4) == 0) {
+            net_sysctl(spec);
             continue;
         }
         if (!eq || !colon)
