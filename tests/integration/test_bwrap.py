@@ -213,7 +213,8 @@ def test_a_timeout_kills_and_many_runs_leave_nothing(pair):
     assert [r for r in rows if r.split()[0].startswith("Z") and r.split()[1] == str(os.getpid())] == []
 
 
-def test_an_owner_killed_mid_run_is_reaped(pair):
+def _owner_killed_mid_run() -> str:
+    """A process that started a bwrap sandbox, SIGKILLed mid-run: its sandbox's id."""
     script = textwrap.dedent(
         """
         from sandloop.runtime.docker import DockerBackend
@@ -240,10 +241,45 @@ def test_an_owner_killed_mid_run_is_reaped(pair):
     assert (STATE / "bundles" / sandbox_id / "tmp").is_mount()
     owner.send_signal(signal.SIGKILL)
     owner.wait()
+    return sandbox_id
+
+
+def test_an_owner_killed_mid_run_is_reaped(pair):
     from sandloop.pool.reaper import reap
 
+    sandbox_id = _owner_killed_mid_run()
     reap(pair[1])
     assert _leftovers([sandbox_id], "bwrap") == []
+
+
+def test_what_a_killed_owner_left_goes_at_the_next_process_first_run():
+    """A SIGKILLed ``sandloop run`` leaves its bundle, cgroups and tmpfs mounts (its processes die
+    with it); the next process's first direct launch sweeps them off the request path, and a
+    half-made bundle (``.ID``, killed before it started) of a dead owner too, never a live one's."""
+    from sandloop.runtime.labels import OWNER_LABEL, owner_id
+
+    sandbox_id = _owner_killed_mid_run()
+    assert (STATE / "bundles" / sandbox_id / "tmp").is_mount()
+    dead = STATE / "bundles" / f".{sandbox_id}-half"
+    alive = STATE / "bundles" / f".{sandbox_id}-mine"
+    for half, owner in ((dead, f"{os.uname().nodename}:999999999:1"), (alive, owner_id())):
+        half.mkdir()
+        (half / "config.json").write_text(json.dumps({"annotations": {OWNER_LABEL: owner}}))
+    try:
+        fresh = OCIBackend(DockerBackend(), runc_with="bwrap")
+        s = _started_by(fresh)
+        try:
+            assert fresh.execute(s, _request("print(7)")).stdout == "7\n"
+        finally:
+            fresh.destroy(s)
+        assert fresh.drain(60)
+        assert _leftovers([sandbox_id, s.id], "bwrap") == []
+        assert not dead.exists() and alive.exists()
+    finally:
+        for half in (dead, alive):
+            if half.exists():
+                (half / "config.json").unlink()
+                half.rmdir()
 
 
 def test_what_the_translation_cannot_give_goes_to_runc(pair):

@@ -13,6 +13,8 @@ import time
 LABEL_PREFIX = "sandloop."
 #: Carried by every sandbox and workspace of a session.
 SESSION_LABEL = f"{LABEL_PREFIX}session"
+#: The process (host:pid:start time) or ``session:ID`` that owns a sandbox.
+OWNER_LABEL = f"{LABEL_PREFIX}owner"
 
 
 def _process_start_time(pid: int) -> str:

@@ -56,7 +56,7 @@ from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import NO_DOCKER, BackendInfo, ImageBuilder, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.cgroup import make_v1, memory_oom_kills
 from sandloop.runtime.docker import DockerBackend, LiveSandbox
-from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
+from sandloop.runtime.labels import LABEL_PREFIX, OWNER_LABEL, owner_alive, owner_labels
 from sandloop.runtime.oci import bwrap
 from sandloop.runtime.oci.config import (
     Templates,
@@ -208,8 +208,9 @@ class OCIBackend:
         self._check_lock = threading.Lock()
         self._runtimes: dict[str, list[str]] = {}
         self._spec_problems: dict[SandboxSpec, str] = {}
-        self._teardowns: queue.Queue[DirectSandbox | None] = queue.Queue()
+        self._teardowns: queue.Queue[DirectSandbox | Callable[[], object] | None] = queue.Queue()
         self._pending = 0
+        self._swept = False
         self._pending_lock = threading.Condition()
         #: Sandboxes handed to a teardown thread: no longer ``owned()`` (ours to remove, not the
         #: reaper's; if this process dies first, their bundles are listed again).
@@ -456,6 +457,7 @@ class OCIBackend:
                 log.warning("running through Docker until the store can be exported: %s", exc)
             return self.docker.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
         self._prefetch(rootfs)
+        self._sweep_once()
         template = self.templates.get(replace(spec, volumes=()))
         runtime: str = spec.limits.runtime
         # a workspace bound in (a session's run without an engine) is a mount bwrap's translation
@@ -826,15 +828,51 @@ class OCIBackend:
             if sandbox is None:
                 return
             try:
-                self._teardown(sandbox)
-                self.teardown_seconds.append(time.monotonic() - sandbox.destroyed_at)
+                if callable(sandbox):
+                    sandbox()
+                else:
+                    self._teardown(sandbox)
+                    self.teardown_seconds.append(time.monotonic() - sandbox.destroyed_at)
             except Exception as exc:  # noqa: BLE001 - a teardown thread must survive
-                log.warning("could not tear down %s: %s (the reaper will)", sandbox.id, exc)
+                log.warning("could not tear down %s: %s (the reaper will)", getattr(sandbox, "id", sandbox), exc)
             finally:
                 with self._pending_lock:
                     self._pending -= 1
-                    self._dying.discard(sandbox.id)
+                    if not callable(sandbox):
+                        self._dying.discard(sandbox.id)
                     self._pending_lock.notify_all()
+
+    def _sweep_once(self) -> None:
+        """At this process's first direct launch, hand the teardown thread a sweep of what killed
+        processes of this host left in the store (``sweep_dead_owners``): a SIGKILLed ``sandloop
+        run`` left its bundle, cgroups and tmpfs mounts (its processes died with it) until ``sandloop
+        reap`` or a server's reaper. Off the request path; ``drain``/``close`` wait for it."""
+        with self._pending_lock:
+            if self._swept:
+                return
+            self._swept = True
+            self._pending += 1
+        self._teardowns.put(self.sweep_dead_owners)
+
+    def sweep_dead_owners(self) -> int:
+        """Remove the direct sandboxes whose owner process on this host is gone (the reaper's
+        "owner gone", nothing else: a session's interpreter is owned by its session, another
+        host's by a process this one cannot see), and the half-made bundles (``.ID``, killed
+        between writing the config and starting) of such owners. Returns how many."""
+        n = 0
+        for item in self._bundles():
+            if owner_alive(item.labels.get(OWNER_LABEL, "")) is False and self.remove(item) is None:
+                n += 1
+        directory = self.state / "bundles"
+        for half in directory.glob(".*") if directory.is_dir() else ():
+            try:
+                labels = json.loads((half / "config.json").read_text()).get("annotations") or {}
+            except (OSError, ValueError):
+                continue  # being written: its owner is alive and mid-launch
+            if owner_alive(labels.get(OWNER_LABEL, "")) is False:
+                _remove_tree(half)
+                n += 1
+        return n
 
     def _teardown(self, sandbox: DirectSandbox) -> None:
         if sandbox.writer is not None:
