@@ -9,6 +9,7 @@ import asyncio
 import time
 import uuid
 
+import httpx
 import pytest
 from e2b import AsyncTemplate, Sandbox, Template, wait_for_port
 from e2b.exceptions import BuildException, TemplateException
@@ -31,9 +32,17 @@ def server(tmp_path_factory):
     with Sandloop(Settings(pool_size=0)) as root:
         with serve_in_thread(create_app(tokens, sandloop=root)) as url, e2b_environment(url, alice):
             yield {"url": url, "alice": alice, "bob": bob, "root": root}
+            # as a user would: E2B's delete, which takes the builds' records with the templates
+            # (this server's home is the host's: nothing of this module's may stay there)
+            for suffix in ("", "-bg", "-bad", "-tags", "-async", "-refused", "-net", "-mine"):
+                done = httpx.delete(f"{url}/templates/{NAME}{suffix}", headers={"X-API-Key": alice})
+                assert done.status_code in (204, 404), done.text
         for info in root.templates.list():
             if info.ref.startswith(NAME):
                 root.templates.remove(info.ref)
+        records = root.settings.home / "e2b-builds"
+        left = [p.name for p in records.glob("*.json") if f'"{NAME}' in p.read_text()]
+        assert left == [], f"build records left in {records}: {left}"
 
 
 @pytest.fixture(scope="module")

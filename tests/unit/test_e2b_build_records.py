@@ -4,6 +4,7 @@ middle of says so; records and memory are bounded per key; a build id from a URL
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -71,3 +72,53 @@ def test_records_and_memory_are_bounded(tmp_path, monkeypatch):
     assert server.status(ME, "t3", ids[-3], 0)["status"] == "ready"  # read back from disk
     with pytest.raises(E2BError):
         server.status(ME, "t0", ids[0], 0)  # pruned
+
+
+def test_deleting_a_template_deletes_its_builds_records(tmp_path):
+    """E2B deletes a template with its builds: their records go (status is then 404), a template
+    whose builds all failed (nothing in the store) can be deleted, another key's records stay."""
+    server = _server(tmp_path)
+    server.root.templates = SimpleNamespace(list=lambda owner=None: [])  # every build failed
+    failed = [_finished(server, "gone", status="error") for _ in range(2)]
+    kept = _finished(server, "other")
+    theirs = server.request(OTHER, {"name": "gone:v1"})["buildID"]
+    server._builds[theirs].status = "error"
+    server._save(server._builds[theirs])
+    server.delete(ME, "gone")
+    for build_id in failed:
+        with pytest.raises(E2BError) as found:
+            _server(tmp_path).status(ME, "gone", build_id, 0)
+        assert found.value.status == 404
+        with pytest.raises(E2BError):
+            server.status(ME, "gone", build_id, 0)  # not from memory either
+    assert _server(tmp_path).status(ME, "other", kept, 0)["status"] == "ready"
+    assert _server(tmp_path).status(OTHER, "gone", theirs, 0)["status"] == "error"
+    with pytest.raises(E2BError) as again:
+        server.delete(ME, "gone")
+    assert again.value.status == 404
+
+
+def test_a_keys_uploads_are_a_bounded_cache(tmp_path, monkeypatch):
+    """A valid key cannot fill the disk with COPY archives: its folder holds at most
+    ``MAX_UPLOADS_BYTES_PER_KEY`` with what uploads in flight reserve; the least recently used
+    archive goes first (a use marks it), and past the budget an upload is refused with 429."""
+    monkeypatch.setattr(module, "MAX_UPLOADS_BYTES_PER_KEY", 100)
+    monkeypatch.setattr(module, "MAX_UPLOAD_BYTES", 40)
+    server = _server(tmp_path)
+    folder = tmp_path / "key"
+    folder.mkdir()
+    for age, name in enumerate(("old", "used", "new")):
+        (folder / f"{name}.tar").write_bytes(b"x" * 30)
+        os.utime(folder / f"{name}.tar", (1000 + age, 1000 + age))
+    assert module._touch(folder / "old.tar")  # used just now: kept longest
+    first = server.reserve_upload(folder / "a.tar")
+    assert first == 40 and sorted(p.name for p in folder.iterdir()) == ["new.tar", "old.tar"]
+    assert server.reserve_upload(folder / "b.tar") == 40  # beside 40 reserved: both others go
+    assert list(folder.iterdir()) == []
+    assert server.reserve_upload(folder / "c.tar") == 20  # what 80 reserved leave
+    with pytest.raises(E2BError) as full:
+        server.reserve_upload(folder / "d.tar")
+    assert full.value.status == 429 and "wait for them to finish" in full.value.message
+    server.release_upload(folder / "a.tar", first)
+    assert server.reserve_upload(folder / "d.tar") == 40
+    assert not module._touch(folder / "missing.tar")

@@ -63,6 +63,11 @@ TEMPLATE_PATH = re.compile(r"^/(v\d+/)?templates(/|$)")
 UPLOAD_PATH = re.compile(r"^/templates/[^/]+/files/[0-9A-Za-z_-]{1,128}/upload$")
 #: Largest COPY archive one upload may carry.
 MAX_UPLOAD_BYTES = 512 * 1024 * 1024
+#: What one key's uploaded COPY archives may hold on disk together (finished and in flight). They
+#: are a cache (E2B's SDK asks whether an archive is there and uploads it again when it is not), so
+#: the least recently used go first to make room; uploads in flight can't be, and past the budget
+#: a new one is refused.
+MAX_UPLOADS_BYTES_PER_KEY = 2 * 1024 * 1024 * 1024
 UPLOAD_URL_SECONDS = 3600
 #: Images E2B's SDK starts from that are sandloop's runtime image here.
 E2B_BASE_IMAGES = ("e2bdev/base", "e2bdev/code-interpreter", "e2bdev/desktop")
@@ -114,6 +119,8 @@ class E2BTemplates:
         self.records = self.root.settings.home / "e2b-builds"
         self._builds: dict[str, Build] = {}
         self._lock = threading.Lock()
+        #: Bytes each key's uploads in flight may still write, by the key's folder (``make_room``).
+        self._reserved: dict[Path, int] = {}
         self._running = threading.BoundedSemaphore(2)
 
     # -- build records ------------------------------------------------------------------------
@@ -224,7 +231,7 @@ class E2BTemplates:
     def upload_link(self, token: Token, template_id: str, files_hash: str, base_url: str) -> dict[str, Any]:
         if not _HASH.match(files_hash):
             raise E2BError(400, "the files hash must be letters and digits")
-        present = self._archive(token.id, files_hash).is_file()
+        present = _touch(self._archive(token.id, files_hash))
         expires = int(time.time()) + UPLOAD_URL_SECONDS
         signature = self._signature(token.id, template_id, files_hash, expires)
         url = (
@@ -232,6 +239,23 @@ class E2BTemplates:
             f"?key={token.id}&expires={expires}&signature={signature}"
         )
         return {"present": present, "url": url}
+
+    def reserve_upload(self, target: Path) -> int:
+        """Room for one upload into ``target``'s key folder (``make_room``): the bytes it may write,
+        held for it until ``release_upload``."""
+        with self._lock:
+            held = self._reserved.get(target.parent, 0)
+            room = make_room(target.parent, MAX_UPLOADS_BYTES_PER_KEY, keep=target, reserved=held)
+            self._reserved[target.parent] = held + room
+        return room
+
+    def release_upload(self, target: Path, room: int) -> None:
+        with self._lock:
+            left = self._reserved.get(target.parent, 0) - room
+            if left > 0:
+                self._reserved[target.parent] = left
+            else:
+                self._reserved.pop(target.parent, None)
 
     def check_upload(self, template_id: str, files_hash: str, query: dict[str, str]) -> Path:
         """Where a signed upload goes, or 403 (a changed, expired or foreign URL)."""
@@ -429,7 +453,7 @@ class E2BTemplates:
             raise E2BError(400, f"{where}: COPY takes a source and a destination")
         files_hash = str(raw.get("filesHash") or "")
         archive = self._archive(token.id, files_hash) if _HASH.match(files_hash) else None
-        if archive is None or not archive.is_file():
+        if archive is None or not _touch(archive):
             raise E2BError(400, f"{where}: the files of COPY {args[0]} were not uploaded (hash {files_hash})")
         unpacked = context / files_hash
         if not unpacked.exists():
@@ -500,12 +524,30 @@ class E2BTemplates:
         return [{"tag": t.tag, "buildID": self._build_of(t.image_id), "createdAt": t.created} for t in found]
 
     def delete(self, token: Token, template_id: str) -> None:
+        """The template (every tag) and its finished builds' records, as E2B deletes a template
+        with its builds; one whose builds all failed has only records, and is deleted too."""
         name = self._ref(template_id)[0]
         found = [t for t in self.root.templates.list(owner=token.id) if t.name == name and t.owner == token.id]
-        if not found:
+        records = self._finished_records(token.id, name)
+        if not found and not records:
             raise E2BError(404, f"template {template_id} not found")
         for info in found:
             self._remove(token, info.ref)
+        with self._lock:
+            for build_id in records:
+                self._builds.pop(build_id, None)
+        for path in records.values():
+            path.unlink(missing_ok=True)
+
+    def _finished_records(self, token_id: str, name: str) -> dict[str, Path]:
+        """This key's finished builds of template ``name`` on disk: build id -> record."""
+        out: dict[str, Path] = {}
+        for path in self.records.glob("*.json") if self.records.is_dir() else ():
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                record = json.loads(path.read_text())
+                if record["token_id"] == token_id and record["name"] == name and record["status"] in FINISHED:
+                    out[str(record["build_id"])] = path
+        return out
 
     def _mine(self, token: Token, ref: str) -> Any:
         try:
@@ -684,16 +726,18 @@ def template_api_routes(e2b: E2B) -> Any:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
         size = 0
+        limit = templates.reserve_upload(target)
         try:
             with open(partial, "wb") as f:
                 async for chunk in request.stream():
                     size += len(chunk)
-                    if size > MAX_UPLOAD_BYTES:
-                        raise E2BError(413, f"a COPY's files may be at most {MAX_UPLOAD_BYTES >> 20} MiB")
+                    if size > limit:
+                        raise E2BError(413, _too_large(limit))
                     f.write(chunk)
             os.replace(partial, target)
         finally:
             partial.unlink(missing_ok=True)
+            templates.release_upload(target, limit)
         return Response(status_code=200)
 
     @router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
@@ -751,3 +795,51 @@ def template_api_routes(e2b: E2B) -> Any:
         return Response(status_code=204)
 
     return router, templates
+
+
+def _touch(archive: Path) -> bool:
+    """Whether a key's archive is there; if so it is marked as just used (``make_room`` keeps it)."""
+    try:
+        os.utime(archive)
+    except OSError:
+        return False
+    return archive.is_file()
+
+
+def make_room(folder: Path, budget: int, *, keep: Path, reserved: int) -> int:
+    """Make room in a key's upload ``folder`` for one more upload: the least recently used finished
+    archives (not ``keep``, which this upload replaces) go until ``MAX_UPLOAD_BYTES`` fits in
+    ``budget`` beside what stays and what uploads in flight have ``reserved``. A partial file no
+    upload is writing (``.NAME.*`` a day old: its server died mid-upload) goes too. Returns how
+    many bytes this upload may write (its reservation).
+
+    Raises:
+        E2BError: 429 when uploads in flight leave no room (wait for them to finish).
+    """
+    finished: list[tuple[float, int, Path]] = []
+    for path in folder.iterdir():
+        try:
+            st = path.stat()
+        except OSError:
+            continue  # went meanwhile
+        if path.name.startswith("."):
+            if st.st_mtime < time.time() - 86400:
+                path.unlink(missing_ok=True)
+        elif path != keep:
+            finished.append((st.st_mtime, st.st_size, path))
+    finished.sort()
+    held = reserved + sum(size for _, size, _ in finished)
+    while finished and held + MAX_UPLOAD_BYTES > budget:
+        _, size, path = finished.pop(0)
+        path.unlink(missing_ok=True)
+        held -= size
+    room = min(MAX_UPLOAD_BYTES, budget - held)
+    if room <= 0:
+        raise E2BError(429, "this key's uploads in flight fill its upload space: wait for them to finish and retry")
+    return room
+
+
+def _too_large(limit: int) -> str:
+    if limit >= MAX_UPLOAD_BYTES:
+        return f"a COPY's files may be at most {MAX_UPLOAD_BYTES >> 20} MiB"
+    return f"a COPY's files may be at most {limit >> 20} MiB now: this key's other uploads in flight hold the rest"
