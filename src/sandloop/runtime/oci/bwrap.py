@@ -166,6 +166,11 @@ def compile_seccomp(profile: Mapping[str, Any]) -> bytes:
         "SCMP_CMP_MASKED_EQ": seccomp.MASKED_EQ,
     }
     f = seccomp.SyscallFilter(_action(seccomp, profile["defaultAction"], profile.get("defaultErrnoRet")))
+    # libseccomp's binary tree of syscall numbers (2.5+) in place of one comparison after another:
+    # the same verdicts, but Docker's 352 names cost every syscall up to ~940 instructions in a
+    # row; measured on python3 -c pass under bwrap: 3.7 ms more CPU than no filter, 0.9 with it
+    with contextlib.suppress(Exception):  # an older libseccomp: the linear program
+        f.set_attr(seccomp.Attr.CTL_OPTIMIZE, 2)
     for arch in profile.get("architectures") or []:
         with contextlib.suppress(Exception):  # the native one is there already
             f.add_arch(getattr(seccomp.Arch, arch[len("SCMP_ARCH_") :]))
