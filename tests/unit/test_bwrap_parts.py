@@ -53,9 +53,9 @@ CONFIG = {
 }
 
 
-def _argv() -> list[str]:
+def _argv(config: dict | None = None, **kw) -> list[str]:
     return bwrap.argv(
-        CONFIG,
+        config or CONFIG,
         bwrap="/usr/bin/bwrap",
         rootfs=Path("/store/rootfs"),
         tmp=Path("/b/tmp"),
@@ -64,6 +64,7 @@ def _argv() -> list[str]:
         seccomp=7,
         info=8,
         block=9,
+        **kw,
     )
 
 
@@ -222,18 +223,7 @@ def test_exec_as_makes_the_network_namespace_with_dockers_sysctls(tmp_path):
     config["linux"] = {**CONFIG["linux"], "sysctl": {**CONFIG["linux"]["sysctl"], "net.ipv4.ping_group_range": "0 7"}}
     prefix = bwrap.privileges(config, helper)
     assert bwrap.makes_netns(prefix) and not bwrap.makes_netns(bwrap.privileges(config))
-    assert "--unshare-net" not in bwrap.argv(
-        config,
-        bwrap="bwrap",
-        rootfs=Path("/r"),
-        tmp=Path("/t"),
-        shm=Path("/s"),
-        hostname_file=Path("/h"),
-        seccomp=7,
-        info=8,
-        block=9,
-        unshare_net=False,
-    )
+    assert "--unshare-net" not in _argv(config, unshare_net=False) and "--unshare-net" in _argv(config)
     probe = (
         "import os, socket\n"
         "print(os.readlink('/proc/self/ns/net'))\n"
