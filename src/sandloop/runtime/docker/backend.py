@@ -389,7 +389,10 @@ class DockerBackend:
             oom = memory_oom_kills(cgroup) > oom_before  # exact while the cgroup is there
             if not oom and not kernel.cgroup:
                 with contextlib.suppress(Exception):
-                    exit_code = int(self.api.wait(kernel.id, timeout=self._call_timeout).get("StatusCode", -1))
+                    # its stream ended: the container is exiting (a bounded wait: an engine that
+                    # lost the stream while the container lives must not hold the cell)
+                    waited = self.api.wait(kernel.id, timeout=min(self._call_timeout, OOM_EVENT_WAIT))
+                    exit_code = int(waited.get("StatusCode", -1))
                     oom = self._engine_saw_oom(kernel.id, wait=exit_code == 137)
         result = protocol.cell_result(
             collector,
