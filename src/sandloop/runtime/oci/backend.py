@@ -153,6 +153,14 @@ def _remove_cgroup(directory: Path, attempts: int, wait: float) -> bool:
     return False
 
 
+def _bundle_labels(bundle: Path) -> dict[str, str] | None:
+    """A bundle's labels (its config's annotations), or None when its config cannot be read."""
+    try:
+        return json.loads((bundle / "config.json").read_text()).get("annotations") or {}
+    except (OSError, ValueError):
+        return None
+
+
 def _remove_tree(path: Path) -> None:
     """rmtree that also survives a file appearing meanwhile (the runtime's last log line); a
     bundle's host tmpfs mounts are detached first (rmtree would only empty them)."""
@@ -865,11 +873,8 @@ class OCIBackend:
                 n += 1
         directory = self.state / "bundles"
         for half in directory.glob(".*") if directory.is_dir() else ():
-            try:
-                labels = json.loads((half / "config.json").read_text()).get("annotations") or {}
-            except (OSError, ValueError):
-                continue  # being written: its owner is alive and mid-launch
-            if owner_alive(labels.get(OWNER_LABEL, "")) is False:
+            labels = _bundle_labels(half)  # None: being written, its owner alive and mid-launch
+            if labels is not None and owner_alive(labels.get(OWNER_LABEL, "")) is False:
                 _remove_tree(half)
                 n += 1
         return n
@@ -974,11 +979,7 @@ class OCIBackend:
         for bundle in directory.iterdir():
             if bundle.name.startswith(".") or bundle.name in self._dying:
                 continue
-            try:
-                labels = json.loads((bundle / "config.json").read_text()).get("annotations") or {}
-            except (OSError, ValueError):
-                labels = {}
-            out.append(Owned("sandbox", bundle.name, labels))
+            out.append(Owned("sandbox", bundle.name, _bundle_labels(bundle) or {}))
         return out
 
     def owned(self) -> list[Owned]:

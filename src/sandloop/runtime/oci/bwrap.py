@@ -473,6 +473,7 @@ def start(
     proc: subprocess.Popen[bytes] | None = None
     try:
         prefix = privileges(config, exec_as, cgroups)
+        net_made = makes_netns(prefix)
         command = argv(
             config,
             bwrap=bwrap,
@@ -484,7 +485,7 @@ def start(
             info=info_w,
             block=block_r,
             cgroups=cgroups,
-            unshare_net=not makes_netns(prefix),
+            unshare_net=not net_made,
         )
         stdin, stdout, stderr = stdio
         proc = subprocess.Popen(
@@ -503,7 +504,7 @@ def start(
             raise SandboxError(f"bwrap could not set up the sandbox (exit {proc.returncode}): see its stderr")
         if not joins_cgroups(prefix, exec_as):
             join(cgroups, child)
-        if not makes_netns(prefix):
+        if not net_made:
             set_net_sysctls(child, config)
         (bundle / "pid").write_text(str(child))
         os.write(block_w, b"go")

@@ -22,7 +22,6 @@ templates themselves are images and survive.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -36,6 +35,7 @@ import tarfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -147,14 +147,21 @@ class E2BTemplates:
                     self._builds.pop(old.build_id, None)
 
     def _prune(self, token_id: str) -> None:
-        mine = []
-        for path in self.records.glob("*.json"):
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                record = json.loads(path.read_text())
-                if record["token_id"] == token_id and record["status"] in FINISHED:
-                    mine.append((float(record["created"]), path))
+        mine = [(float(record["created"]), path) for record, path in self._finished(token_id)]
         for _, path in sorted(mine)[: max(0, len(mine) - KEPT_PER_KEY)]:
             path.unlink(missing_ok=True)
+
+    def _finished(self, token_id: str) -> Iterator[tuple[dict[str, Any], Path]]:
+        """This key's finished builds' records on disk, with their paths."""
+        for path in self.records.glob("*.json") if self.records.is_dir() else ():
+            try:
+                record = json.loads(path.read_text())
+                float(record["created"])  # a record without its time is not one of ours
+                mine = record["token_id"] == token_id and record["status"] in FINISHED
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if mine:
+                yield record, path
 
     def _load(self, build_id: str) -> Build | None:
         """A build from its record; one a server stopped in the middle of is an error that says so."""
@@ -541,13 +548,7 @@ class E2BTemplates:
 
     def _finished_records(self, token_id: str, name: str) -> dict[str, Path]:
         """This key's finished builds of template ``name`` on disk: build id -> record."""
-        out: dict[str, Path] = {}
-        for path in self.records.glob("*.json") if self.records.is_dir() else ():
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                record = json.loads(path.read_text())
-                if record["token_id"] == token_id and record["name"] == name and record["status"] in FINISHED:
-                    out[str(record["build_id"])] = path
-        return out
+        return {str(r.get("build_id")): path for r, path in self._finished(token_id) if r.get("name") == name}
 
     def _mine(self, token: Token, ref: str) -> Any:
         try:
