@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sandloop.backends import build_backend
 from sandloop.contract import ExecutionResult, SandboxLimits
 from sandloop.contract.egress import Secret
 from sandloop.images.templates import Templates
@@ -29,6 +30,7 @@ from sandloop.pool.dispatcher import Dispatcher
 from sandloop.pool.reaper import Reaped, reap
 from sandloop.requests import build_request
 from sandloop.runtime.base import BackendInfo, FullBackend, RemoteSessions
+from sandloop.sessions.host import provide_default
 from sandloop.sessions.reserve import Reserves
 from sandloop.sessions.snapshots import ClusterSnapshots, SnapshotStore
 from sandloop.sessions.store import SessionRecord, SessionStore
@@ -62,7 +64,7 @@ class Sandloop:
         """``records_elsewhere``: a cluster node's (``node_root``): its sessions' records are the
         cluster's, kept and expired by the drivers (``SessionStore``)."""
         self.settings = settings or Settings()
-        self.backend: FullBackend = backend or self.settings.build_backend(node_root)
+        self.backend: FullBackend = backend or build_backend(self.settings, node_root)
         self.dispatcher = Dispatcher(self.backend, self.settings)
         self.sessions = SessionStore(
             self.backend,
@@ -76,10 +78,12 @@ class Sandloop:
             if isinstance(self.backend, RemoteSessions)
             else SnapshotStore(self.settings.home)
         )
-        #: Warm sessions (``Settings.session_pool_size``), in the dispatcher's pools.
-        self.reserves = Reserves(self)
         #: The runtime image sandboxes start from.
         self.image = self.settings.runtime_image()
+        #: Warm sessions (``Settings.session_pool_size``), in the dispatcher's pools.
+        self.reserves = Reserves(
+            self.backend, self.dispatcher, self.sessions, self.image, self.settings.session_pool_size
+        )
         #: Templates: images built on the runtime image (``images/templates/``).
         self.templates = Templates(
             self.backend.image_builder, self.image, self._sessions_using, lambda: self.dispatcher.quiesce(30)
@@ -209,6 +213,9 @@ def default_root() -> Sandloop:
         if _root is None:
             _root = Sandloop()
         return _root
+
+
+provide_default(default_root)  # what a Session made without root= lives in (sessions/host.py)
 
 
 def default_dispatcher() -> Dispatcher:

@@ -1,28 +1,24 @@
 """Settings, from the environment (``SANDLOOP_*``) or set in code; read once, by the composition
 root (``sandloop.Sandloop``), never at import time.
 
-The backend is chosen by a discriminated union (``backend.type``), each member with a lazy
-``build()``: ``SANDLOOP_BACKEND=oci`` (the default: runs started by runc/runsc directly where the
-host passes the parity check, everything else through Docker), ``docker`` (Docker only) or
-``fake`` (the test double), or
-``SANDLOOP_BACKEND='{"type": "docker", "base_url": "tcp://..."}'``. A new backend adds a member.
+The backend is chosen by a discriminated union (``backend.type``), each member plain data that
+``sandloop.backends.build_backend`` turns into a backend: ``SANDLOOP_BACKEND=oci`` (the default:
+runs started by runc/runsc directly where the host passes the parity check, everything else
+through Docker), ``docker`` (Docker only), ``ray`` (a Ray cluster) or ``fake`` (the test double),
+or ``SANDLOOP_BACKEND='{"type": "docker", "base_url": "tcp://..."}'``. A new backend adds a member
+here and its builder there; nothing here imports a backend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sandloop.contract import InvalidArgument
 from sandloop.images.recipe_hash import default_runtime_image
 from sandloop.paths import default_home
-
-if TYPE_CHECKING:
-    from sandloop.runtime.base import FullBackend
 
 
 class DockerConfig(BaseModel):
@@ -32,17 +28,6 @@ class DockerConfig(BaseModel):
 
     type: Literal["docker"] = "docker"
     base_url: str | None = Field(None, description="The engine's URL; default: DOCKER_HOST or the local socket.")
-
-    def build(self, settings: Settings) -> FullBackend:
-        from sandloop.runtime.docker import DockerBackend
-
-        return DockerBackend(
-            self.base_url,
-            call_timeout=settings.engine_timeout,
-            home=settings.home,
-            egress_hosts=settings.egress_hosts,
-            egress_upstream_ca=settings.egress_upstream_ca,
-        )
 
 
 class OCIConfig(BaseModel):
@@ -68,26 +53,6 @@ class OCIConfig(BaseModel):
         "images from the store: `sandloop images build --no-docker`).",
     )
 
-    def build(self, settings: Settings) -> FullBackend:
-        from sandloop.runtime.docker import DockerBackend
-        from sandloop.runtime.oci import OCIBackend
-
-        docker = DockerBackend(
-            self.base_url,
-            call_timeout=settings.engine_timeout,
-            home=settings.home,
-            egress_hosts=settings.egress_hosts,
-            egress_upstream_ca=settings.egress_upstream_ca,
-        )
-        return OCIBackend(
-            docker,
-            store=self.store,
-            state=self.state,
-            fallback=self.fallback,
-            runc_with=self.runc_with,
-            engine=self.engine,
-        )
-
 
 class FakeConfig(BaseModel):
     """The test double: the launcher protocol against local subprocesses. No isolation at all."""
@@ -95,11 +60,6 @@ class FakeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["fake"] = "fake"
-
-    def build(self, settings: Settings) -> FullBackend:
-        from sandloop.testing.fake import FakeBackend
-
-        return FakeBackend(home=settings.home)
 
 
 class RayConfig(BaseModel):
@@ -112,30 +72,6 @@ class RayConfig(BaseModel):
     address: str | None = Field(None, description="The cluster (default: RAY_ADDRESS, else a local one: 'auto').")
     namespace: str = Field("sandloop", description="Ray namespace of sandloop's named actors.")
     node_backend: Literal["oci", "docker"] = Field("oci", description="The backend each node runs its sandboxes on.")
-
-    def build(self, settings: Settings, node_root: Callable[[dict[str, Any]], Any] | None = None) -> FullBackend:
-        from sandloop.runtime.ray import RayBackend
-
-        if node_root is None:
-            raise InvalidArgument("the Ray backend is built by the composition root: use Sandloop(settings)")
-        node: dict[str, Any] = {
-            "image": settings.runtime_image(),
-            "backend": self.node_backend,
-            "pool_size": settings.pool_size,
-            "max_running": settings.max_running,
-            "max_creating": settings.max_creating,
-            "queue_wait_seconds": min(settings.queue_wait_seconds, 0.5),  # the driver waits across nodes
-            "engine_timeout": settings.engine_timeout,
-            # each node expires the snapshots it keeps
-            "snapshot_retention_seconds": settings.snapshot_retention_seconds,
-        }
-        return RayBackend(
-            self.address,
-            namespace=self.namespace,
-            node_settings=node,
-            node_root=node_root,
-            queue_wait_seconds=settings.queue_wait_seconds,
-        )
 
 
 BackendConfig = Annotated[DockerConfig | OCIConfig | FakeConfig | RayConfig, Field(discriminator="type")]
@@ -199,13 +135,6 @@ class Settings(BaseSettings):
     @classmethod
     def _backend_by_name(cls, value: Any) -> Any:
         return {"type": value} if isinstance(value, str) and not value.lstrip().startswith("{") else value
-
-    def build_backend(self, node_root: Callable[[dict[str, Any]], Any] | None = None) -> FullBackend:
-        """The configured backend. ``node_root`` (from the composition root) builds a cluster
-        node's local root: only the Ray backend uses it."""
-        if isinstance(self.backend, RayConfig):
-            return self.backend.build(self, node_root)
-        return self.backend.build(self)
 
     def runtime_image(self) -> str:
         return self.image or default_runtime_image()

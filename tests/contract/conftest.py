@@ -51,11 +51,12 @@ class Under:
 def under(request: pytest.FixtureRequest, tmp_path):
     name = request.param
     if name.startswith("ray-"):
+        from sandloop.backends import build_backend
         from sandloop.root import node_root
         from sandloop.settings import runtime_image
         from tests.conftest import ray_settings
 
-        backend = ray_settings(request.getfixturevalue("ray_cluster")).build_backend(node_root)
+        backend = build_backend(ray_settings(request.getfixturevalue("ray_cluster")), node_root)
         yield Under(backend, "runc", runtime_image())
         backend.close()
         return

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from sandloop import Settings
+from sandloop.backends import build_backend
 from sandloop.contract import EngineUnavailable, InvalidArgument
 from sandloop.sessions.store import SessionRecord, SessionStore
 from sandloop.testing.fake import FakeBackend
@@ -30,7 +31,7 @@ def test_an_address_nothing_listens_on_is_refused_at_once():
 
 def test_the_ray_backend_is_built_by_the_composition_root():
     with pytest.raises(InvalidArgument, match="composition root"):
-        Settings(backend="ray").build_backend()
+        build_backend(Settings(backend="ray"))
 
 
 def test_the_cli_says_what_to_do_without_a_traceback():

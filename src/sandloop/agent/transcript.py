@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sandloop.agent.types import AssistantTurn, ToolCall, ToolResult, Turn, Usage, UserTurn
+from sandloop.agent.types import AssistantTurn, ToolCall, ToolResult, Turn, Usage, UserTurn, turn_to_dict
 
-
-def turn_to_dict(turn: Turn) -> dict[str, Any]:
-    kind = {UserTurn: "user", AssistantTurn: "assistant", ToolResult: "tool_result"}[type(turn)]
-    return {"type": kind, **dataclasses.asdict(turn)}
+__all__ = ["load_jsonl", "save_jsonl", "turn_from_dict", "turn_to_dict"]
 
 
 def turn_from_dict(data: dict[str, Any]) -> Turn:

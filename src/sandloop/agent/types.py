@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
@@ -90,8 +91,6 @@ class AgentResult:
     usage: Usage | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        from sandloop.agent.transcript import turn_to_dict
-
         return {
             "answer": self.answer,
             "turns": self.turns,
@@ -99,6 +98,12 @@ class AgentResult:
             "usage": None if self.usage is None else vars(self.usage),
             "transcript": [turn_to_dict(t) for t in self.transcript],
         }
+
+
+def turn_to_dict(turn: Turn) -> dict[str, Any]:
+    """A turn as JSON-ready data, its kind under ``type`` (read back by ``transcript.turn_from_dict``)."""
+    kind = {UserTurn: "user", AssistantTurn: "assistant", ToolResult: "tool_result"}[type(turn)]
+    return {"type": kind, **dataclasses.asdict(turn)}
 
 
 class ProviderError(Exception):

@@ -13,6 +13,7 @@ RUNTIME_FILES = (
     "Dockerfile",
     "start.py",
     "launcher.py",
+    "host_wire.py",
     "kernel.py",
     "kernel_python.py",
     "kernel_bash.py",

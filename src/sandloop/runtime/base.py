@@ -253,6 +253,9 @@ class BuildLimits:
 
 #: Where a helper step's packages (fetched on the host) appear, read-only, in its build container.
 PACKAGES_DIR = "/tmp/sandloop-packages"
+#: Where a template build keeps its cached step results (``ImageBuilder.tag``): a tag there only
+#: marks a step as done; a cluster does not send these images to its other nodes.
+TEMPLATE_CACHE_REPO = "sandloop-template-cache"
 
 
 class StepFailed(SandboxError):

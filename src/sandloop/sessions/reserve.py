@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING
 
 from sandloop.contract import SandboxError, SandboxLimits
 from sandloop.pool.warm import WarmPool
-from sandloop.runtime.base import Sandbox, SandboxSpec
+from sandloop.runtime.base import FullBackend, Sandbox, SandboxSpec
 from sandloop.runtime.labels import LABEL_PREFIX, owner_id
 from sandloop.sessions.kernel import interpreter_spec, kernel_command
 from sandloop.sessions.store import SessionRecord
 
 if TYPE_CHECKING:
-    from sandloop.root import Sandloop
+    from sandloop.pool.dispatcher import Dispatcher
+    from sandloop.sessions.store import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +95,12 @@ class ReserveKey:
 class ReserveMaker:
     """The ``PoolBackend`` of one key's reserves."""
 
-    def __init__(self, root: Sandloop, key: ReserveKey, reserves: Reserves) -> None:
-        self.root = root
+    def __init__(self, key: ReserveKey, reserves: Reserves) -> None:
         self.key = key
         self.reserves = reserves
 
     def launch(self, spec: SandboxSpec, *, purpose: str, lifetime_seconds: float) -> Reserve:
-        store, backend = self.root.sessions, self.root.backend
+        store, backend = self.reserves.store, self.reserves.backend
         record = store.create(
             ttl_seconds=lifetime_seconds + RECORD_MARGIN_SECONDS,
             quota_bytes=self.key.quota_bytes,
@@ -132,19 +132,27 @@ class ReserveMaker:
 
     def is_alive(self, reserve: Sandbox) -> bool:
         assert isinstance(reserve, Reserve)
-        return self.root.backend.is_alive(reserve.sandbox)
+        return self.reserves.backend.is_alive(reserve.sandbox)
 
     def destroy(self, reserve: Sandbox) -> None:
         assert isinstance(reserve, Reserve)
-        self.root.backend.destroy(reserve.sandbox)
-        self.root.sessions.delete(reserve.record.id)
+        self.reserves.backend.destroy(reserve.sandbox)
+        self.reserves.store.delete(reserve.record.id)
 
 
 class Reserves:
-    """A root's warm sessions, by key (``Settings.session_pool_size`` of each)."""
+    """A root's warm sessions, by key, ``pool_size`` of each (``Settings.session_pool_size``), in
+    its dispatcher's pools; each a session record in ``store`` with its interpreter on ``backend``,
+    started from ``image``."""
 
-    def __init__(self, root: Sandloop) -> None:
-        self.root = root
+    def __init__(
+        self, backend: FullBackend, dispatcher: Dispatcher, store: SessionStore, image: str, pool_size: int
+    ) -> None:
+        self.backend = backend
+        self.dispatcher = dispatcher
+        self.store = store
+        self.image = image
+        self.pool_size = pool_size
         self._lock = threading.Lock()
         self._failures: dict[ReserveKey, int] = {}
         self.claimed = 0
@@ -152,8 +160,8 @@ class Reserves:
     def eligible(self, limits: SandboxLimits) -> bool:
         least = MIN_MEMORY_RUNSC if limits.runtime == "runsc" else MIN_MEMORY
         return (
-            self.root.settings.session_pool_size > 0
-            and not getattr(self.root.backend, "dispatches_runs", False)  # a cluster's nodes: not here
+            self.pool_size > 0
+            and not getattr(self.backend, "dispatches_runs", False)  # a cluster's nodes: not here
             and not limits.egress
             and limits.memory_bytes >= least
             and limits.memory_swap_bytes >= least
@@ -184,12 +192,12 @@ class Reserves:
         no warm sessions."""
         if not self.eligible(limits):
             return None
-        key = ReserveKey(self.root.image, limits, quota_bytes, owner_uid_gid)
+        key = ReserveKey(self.image, limits, quota_bytes, owner_uid_gid)
         with self._lock:
             if self._failures.get(key, 0) >= MAX_FAILURES:
                 return None
-        maker = ReserveMaker(self.root, key, self)
-        return self.root.dispatcher.pool_for(key.spec, size=self.root.settings.session_pool_size, maker=maker)
+        maker = ReserveMaker(key, self)
+        return self.dispatcher.pool_for(key.spec, size=self.pool_size, maker=maker)
 
     def failed(self, key: ReserveKey) -> None:
         with self._lock:
@@ -197,7 +205,7 @@ class Reserves:
         if n >= MAX_FAILURES:
             log.warning("no more warm sessions for %s: %d starts failed in a row", key.limits.runtime, n)
             # from a refill thread of that pool: its close waits for its refills, so not here
-            drop = self.root.dispatcher.drop_pools
+            drop = self.dispatcher.drop_pools
             threading.Thread(target=drop, args=(lambda spec: spec == key.spec,), daemon=True).start()
 
     def started(self, key: ReserveKey) -> None:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from importlib import resources
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandloop.contract import (
     CellResult,
@@ -55,6 +55,7 @@ from sandloop.contract import (
 from sandloop.contract.egress import Secret
 from sandloop.requests import build_request, check_secrets, check_timeout
 from sandloop.runtime.base import Sandbox, SandboxSpec
+from sandloop.sessions.host import SessionHost, default_host
 from sandloop.sessions.kernel import Kernel, interpreter_spec, lock_file
 from sandloop.sessions.snapshots import (
     LOAD_STATE,
@@ -73,9 +74,6 @@ from sandloop.sessions.snapshots import (
 )
 from sandloop.sessions.store import SESSION_LABEL, WORKSPACE, SessionRecord
 from sandloop.sessions.watch import Watcher, check_watchable
-
-if TYPE_CHECKING:
-    from sandloop.root import Sandloop
 
 MAX_TTL_SECONDS = 30 * 86400
 #: What ``language=`` of a cell or a context may say, and the interpreter it names.
@@ -152,15 +150,13 @@ class Session:
         ttl: float = 3600,
         quota: str | int = DEFAULT_QUOTA,
         *,
-        root: Sandloop | None = None,
+        root: SessionHost | None = None,
         template: str | None = None,
         _record: SessionRecord | None = None,
     ) -> None:
-        from sandloop.root import default_root
-
         created_here = _record is None
         warm: Sandbox | None = None
-        self._root = root or default_root()
+        self._root = root or default_host()
         self._dispatcher = self._root.dispatcher
         self._store = self._root.sessions
         if _record is None:
@@ -231,19 +227,17 @@ class Session:
         ttl: float = 3600,
         quota: str | int = DEFAULT_QUOTA,
         *,
-        root: Sandloop | None = None,
+        root: SessionHost | None = None,
         template: str | None = None,
     ) -> Session:
         """A new session; ``template`` ("name[:tag]") starts its sandboxes from a template."""
         return cls(limits, ttl, quota, root=root, template=template)
 
     @classmethod
-    def attach(cls, session_id: str, *, root: Sandloop | None = None, resume: bool = True) -> Session:
+    def attach(cls, session_id: str, *, root: SessionHost | None = None, resume: bool = True) -> Session:
         """Reattach to a live session by id (from any process on this host). A paused session
         resumes (unless ``resume=False``: then its calls raise ``SessionPaused`` until ``resume()``)."""
-        from sandloop.root import default_root
-
-        root = root or default_root()
+        root = root or default_host()
         record = root.sessions.load(session_id)
         root.sessions.ensure_workspace(record)
         root.sessions.touch(record)
@@ -258,10 +252,8 @@ class Session:
         return session
 
     @classmethod
-    def list(cls, *, root: Sandloop | None = None) -> list[SessionRecord]:
-        from sandloop.root import default_root
-
-        return (root or default_root()).sessions.list()
+    def list(cls, *, root: SessionHost | None = None) -> list[SessionRecord]:
+        return (root or default_host()).sessions.list()
 
     @property
     def id(self) -> str:
@@ -725,17 +717,15 @@ class Session:
         shutil.rmtree(staged, ignore_errors=True)
 
     @classmethod
-    def snapshots(cls, session_id: str | None = None, *, root: Sandloop | None = None) -> builtins.list[SnapshotRecord]:
+    def snapshots(
+        cls, session_id: str | None = None, *, root: SessionHost | None = None
+    ) -> builtins.list[SnapshotRecord]:
         """The snapshots on this host (of one session when ``session_id`` is given)."""
-        from sandloop.root import default_root
-
-        return (root or default_root()).snapshots.list(session_id)
+        return (root or default_host()).snapshots.list(session_id)
 
     @classmethod
-    def delete_snapshot(cls, snapshot_id: str, *, root: Sandloop | None = None) -> None:
-        from sandloop.root import default_root
-
-        store = (root or default_root()).snapshots
+    def delete_snapshot(cls, snapshot_id: str, *, root: SessionHost | None = None) -> None:
+        store = (root or default_host()).snapshots
         store.get(snapshot_id)  # SnapshotNotFound
         store.delete(snapshot_id)
 
@@ -791,12 +781,10 @@ class Session:
 
     @classmethod
     def from_snapshot(
-        cls, snapshot: str | SnapshotRecord, *, ttl: float | None = None, root: Sandloop | None = None
+        cls, snapshot: str | SnapshotRecord, *, ttl: float | None = None, root: SessionHost | None = None
     ) -> Session:
         """A new session started from a snapshot (its workspace a copy of the snapshot's)."""
-        from sandloop.root import default_root
-
-        root = root or default_root()
+        root = root or default_host()
         snapshots = root.snapshots
         snapshot_id = snapshot.id if isinstance(snapshot, SnapshotRecord) else snapshot
         # on a cluster, where the snapshot is kept (its memory image and files), found with its record

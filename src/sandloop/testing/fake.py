@@ -1,8 +1,8 @@
 """``FakeBackend``: a real backend with no isolation, for tests of code built on sandloop.
 
 Like httpx's ``MockTransport``, it is a backend in full: each sandbox is a local subprocess
-running the same in-sandbox launcher (``images/recipe/launcher.py``, or ``--kernel`` for a
-session's interpreter) over the same wire protocol (``runtime/protocol.py``), so the pool,
+running the image's own entry point (``images/recipe/start.py``: the launcher, or with
+``--kernel`` a session's interpreter) over the same wire protocol (``runtime/protocol.py``), so the pool,
 sessions, the HTTP API and MCP run their real code paths with no engine. Labels are kept in
 memory; workspaces are directories under ``<home>/fake/``.
 
@@ -142,7 +142,7 @@ class FakeBackend:
             "SANDLOOP_WORKSPACE": workspace,  # where the in-sandbox file helper finds /workspace
         }
         proc = subprocess.Popen(
-            [self.python, str(RECIPE_DIR / "launcher.py"), *spec.command],
+            [self.python, str(RECIPE_DIR / "start.py"), *spec.command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

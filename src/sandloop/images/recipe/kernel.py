@@ -36,7 +36,7 @@ import sys
 import time
 import traceback
 
-import launcher
+from host_wire import PREAMBLE, PREAMBLE_LEN, fail, read_exact
 from kernel_wire import write_all
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -403,21 +403,21 @@ def _drain(fd):
 def _read_frame():
     while True:
         try:
-            pre = os.read(0, launcher.PREAMBLE_LEN)
+            pre = os.read(0, PREAMBLE_LEN)
             break
         except KeyboardInterrupt:
             continue  # an interrupt that arrived between cells
     if not pre:
         return None
-    while len(pre) < launcher.PREAMBLE_LEN:
-        more = os.read(0, launcher.PREAMBLE_LEN - len(pre))
+    while len(pre) < PREAMBLE_LEN:
+        more = os.read(0, PREAMBLE_LEN - len(pre))
         if not more:
             return None
         pre += more
-    if not pre.startswith(launcher.PREAMBLE):
-        launcher.fail("bad cell header")
-    header = json.loads(launcher.read_exact(int(pre[len(launcher.PREAMBLE) : -1]), "cell header").decode())
-    code = launcher.read_exact(int(header.get("code") or 0), "cell")
+    if not pre.startswith(PREAMBLE):
+        fail("bad cell header")
+    header = json.loads(read_exact(int(pre[len(PREAMBLE) : -1]), "cell header").decode())
+    code = read_exact(int(header.get("code") or 0), "cell")
     return header, code
 
 

@@ -18,7 +18,7 @@ import os
 import sys
 import warnings
 
-import launcher
+import host_wire
 from kernel_wire import read_message, write_all
 
 #: Modules the supervisor imports before forking contexts (``SANDLOOP_PRELOAD``, comma-separated,
@@ -150,7 +150,7 @@ def _build_shell():
 
         def _showtraceback(self, etype, evalue, stb):
             if isinstance(evalue, SystemExit):
-                CELL.exit_status = launcher.exit_status(evalue.code)
+                CELL.exit_status = host_wire.exit_status(evalue.code)
                 return
             text = self.InteractiveTB.stb2text(stb)
             name = getattr(etype, "__name__", str(etype))
@@ -295,7 +295,7 @@ def serve(cmd_fd, reply_fd, shell):
         saved = {name: os.environ.get(name) for name in env}
         os.environ.update(env)  # for this cell only: secrets' placeholders, E2B's envs
         if header.get("ca"):
-            launcher.trust(header["ca"])
+            host_wire.trust(header["ca"])
         CELL = _Cell(str(header.get("nonce") or ""))
         status = 0
         try:

@@ -21,25 +21,9 @@ a status of its choice. Kills by signal (OOM) write nothing; the host then asks 
 import os
 import sys
 
+from host_wire import PREAMBLE, PREAMBLE_LEN, exit_status, fail, read_exact, trust  # noqa: F401
+
 LAUNCHER_PID = os.getpid()
-PREAMBLE = b"SANDLOOP1 "
-PREAMBLE_LEN = len(PREAMBLE) + 9  # 8 digits and a newline
-
-
-def fail(message):
-    os.write(2, ("sandloop: " + message + "\n").encode())
-    os._exit(125)
-
-
-def read_exact(n, what):
-    chunks = []
-    while n > 0:
-        chunk = os.read(0, min(n, 1 << 20))
-        if not chunk:
-            fail("stdin closed before the whole %s arrived" % what)
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
 
 
 class _Decoding:
@@ -91,19 +75,6 @@ def report_exit(nonce, status):
                 pass  # the program closed it: the host falls back to waiting for the exit
 
 
-def exit_status(code):
-    """What the interpreter does with SystemExit.code."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    try:
-        sys.stderr.write(str(code) + "\n")
-    except Exception:
-        pass
-    return 1
-
-
 def finish(nonce, status):
     """Finalize like the interpreter would (threads, atexit, flush), report, then exit."""
     import atexit
@@ -122,22 +93,6 @@ def finish(nonce, status):
             pass
     report_exit(nonce, status)
     os._exit(status)
-
-
-def trust(ca_pem):
-    """Trust one more CA (the egress proxy's, which reads this run's HTTPS to put secrets in) in
-    every TLS client here: OpenSSL (Python, curl, git), requests, pip, Node."""
-    bundle = "/tmp/.sandloop-ca.pem"
-    try:
-        with open("/etc/ssl/certs/ca-certificates.crt") as f:
-            system = f.read()
-    except OSError:
-        system = ""
-    fd = os.open(bundle, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write(system + "\n" + ca_pem)
-    for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT", "NODE_EXTRA_CA_CERTS"):
-        os.environ[name] = bundle
 
 
 def run_child(argv, nonce):
@@ -246,22 +201,18 @@ def start_template_command():
     os.close(log)
 
 
-def entry():
-    """The sandbox's program: ``start.py`` calls this from the compiled module (the image compiles
-    /opt/sandloop at build; a script run as ``python3 launcher.py`` is compiled from source on
-    every start, ~1.5 ms of each cold run). Run as a script (the fake backend, tests) it is the
-    same."""
-    sys.modules["launcher"] = sys.modules[__name__]  # one module, whichever way it was started
+def prepare():
+    """What comes before a program or a session's interpreter: an allowlist's egress relay, then a
+    template's start command (and its ready check)."""
     if os.environ.get("SANDLOOP_EGRESS_SOCKET"):  # an allowlist: its relay, before any code runs
         import egress_relay
 
         egress_relay.start()
     start_template_command()
-    if sys.argv[1:2] == ["--kernel"]:  # a session's stateful interpreter: see kernel.py
-        import kernel
 
-        kernel.serve(sys.argv[2:])
-        sys.exit(0)
+
+def run_one():
+    """Read one program from stdin and run it (this process becomes it, or waits for it)."""
     try:
         job = main()
     except SystemExit:
@@ -271,5 +222,7 @@ def entry():
     job[0](*job[1])  # outside the try: the program's own exceptions are its own
 
 
-if __name__ == "__main__":
-    entry()
+if __name__ == "__main__":  # run as a script (tests): one program; ``start.py`` is the image's entry
+    sys.modules["launcher"] = sys.modules[__name__]  # one module, whichever way it was started
+    prepare()
+    run_one()

@@ -23,7 +23,6 @@ from typing import Any
 
 from sandloop.contract import SandboxError, TemplateInUse, TemplateNotFound
 from sandloop.images.templates.build import (
-    CACHE_REPO,
     HOME_LABEL,
     NAME_LABEL,
     OWNER_LABEL,
@@ -42,7 +41,7 @@ from sandloop.images.templates.spec import (
     parse_steps_file,
     split_ref,
 )
-from sandloop.runtime.base import BuildLimits, ImageBuilder
+from sandloop.runtime.base import TEMPLATE_CACHE_REPO, BuildLimits, ImageBuilder
 
 #: How long a name-to-image lookup is reused: a build or removal in this process is seen at once,
 #: one in another process (the CLI beside a server) after this. An engine call per run would cost
@@ -166,7 +165,7 @@ class Templates:
         for image in self.builder.images(NAME_LABEL):
             for repo_tag in image.get("RepoTags") or []:
                 repository, _, tag = repo_tag.rpartition(":")
-                if repository.startswith("sandloop-template-") and repository != CACHE_REPO:
+                if repository.startswith("sandloop-template-") and repository != TEMPLATE_CACHE_REPO:
                     ref = f"{repository.removeprefix('sandloop-template-')}:{tag}"
                     labels = image.get("Labels") or {}
                     out.append(
@@ -208,7 +207,7 @@ class Templates:
         builder = self.builder
         for image in builder.images("sandloop.purpose"):
             for repo_tag in image.get("RepoTags") or []:
-                if repo_tag.startswith(CACHE_REPO + ":") and builder.remove_image(repo_tag) is None:
+                if repo_tag.startswith(TEMPLATE_CACHE_REPO + ":") and builder.remove_image(repo_tag) is None:
                     removed += 1
         return removed
 

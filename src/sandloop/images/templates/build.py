@@ -26,10 +26,8 @@ from typing import Any
 from sandloop.contract import InvalidArgument, SandboxError, TemplateBuildFailed, TemplateNotFound
 from sandloop.images.templates import fetch
 from sandloop.images.templates.spec import RUNTIME, TEMPLATE_REPO_PREFIX, Step, TemplateSpec, split_ref
-from sandloop.runtime.base import PACKAGES_DIR, BuildLimits, ImageBuilder, StepFailed
+from sandloop.runtime.base import PACKAGES_DIR, TEMPLATE_CACHE_REPO, BuildLimits, ImageBuilder, StepFailed
 
-#: Repository of cached step results.
-CACHE_REPO = "sandloop-template-cache"
 #: Labels of a built template's image.
 NAME_LABEL = "sandloop.template"
 SPEC_LABEL = "sandloop.template.spec"
@@ -134,7 +132,7 @@ def build(
                 parent, step.kind, step.args, user, workdir, files.digest if files else "", _local_digests(spec, step)
             )
             tag = key[:40]
-            found = None if force else builder.inspect(f"{CACHE_REPO}:{tag}")
+            found = None if force else builder.inspect(f"{TEMPLATE_CACHE_REPO}:{tag}")
             emit(BuildEvent(number, total, step.describe(), cached=found is not None))
             if found is not None:
                 parent = found["Id"]
@@ -159,7 +157,7 @@ def build(
                 raise TemplateBuildFailed(
                     f"template {spec.ref}: step {number} ({step.where}: {step.describe()[:200]}) failed: {exc}", number
                 ) from None
-            builder.tag(parent, CACHE_REPO, tag)
+            builder.tag(parent, TEMPLATE_CACHE_REPO, tag)
             built += 1
     # The last step: what the template is (its labels, the start command) on the image itself.
     recipe = {
@@ -182,7 +180,7 @@ def build(
             env["SANDLOOP_READY_CMD"] = spec.ready_cmd
     if spec.start_cmd and spec.ready_cmd:  # as E2B does: the template's start is checked once here
         key = _digest(parent, "start-check", spec.start_cmd, spec.ready_cmd)[:40]
-        if force or builder.inspect(f"{CACHE_REPO}:{key}") is None:
+        if force or builder.inspect(f"{TEMPLATE_CACHE_REPO}:{key}") is None:
             emit(BuildEvent(total, total, "check the start and ready commands"))
             try:
                 checked = builder.run_step(
@@ -200,13 +198,13 @@ def build(
                     step=total,
                     log_tail=exc.log_tail,
                 ) from None
-            builder.tag(checked, CACHE_REPO, key)  # the check's result, kept only as a cache mark
+            builder.tag(checked, TEMPLATE_CACHE_REPO, key)  # the check's result, kept only as a cache mark
     key = _digest(parent, "final", labels, env)[:40]
-    found = None if force else builder.inspect(f"{CACHE_REPO}:{key}")
+    found = None if force else builder.inspect(f"{TEMPLATE_CACHE_REPO}:{key}")
     emit(BuildEvent(total, total, f"tag {image_name(spec.name, spec.tag)}", cached=found is not None))
     final = found["Id"] if found is not None else builder.change(parent, env=env, labels=labels)
     if found is None:
-        builder.tag(final, CACHE_REPO, key)
+        builder.tag(final, TEMPLATE_CACHE_REPO, key)
     repository, _, tag = image_name(spec.name, spec.tag).partition(":")
     builder.tag(final, repository, tag)
     return BuildResult(spec.ref, final, time.monotonic() - began, cached, built)

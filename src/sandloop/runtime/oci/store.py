@@ -16,6 +16,7 @@ no engine knows it, so ``gc`` keeps it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -34,6 +35,8 @@ from sandloop.paths import unmount_below, write_atomically
 
 log = logging.getLogger(__name__)
 
+#: The file whose lock keeps two processes from exporting one image at once.
+STORE_LOCK = ".lock"
 #: Left free beside an export (the image's size is its size on Docker's disk; the tree is close).
 EXPORT_RESERVE = 64 * 1024 * 1024
 
@@ -123,7 +126,7 @@ class RootfsStore:
         ready = self._ready.get(image)
         if ready is not None:
             return ready
-        with self._lock:
+        with self._lock, self._across_processes():
             image_id = self.image_id(image)
             path = self.directory / image_id / "rootfs"
             if not path.is_dir():
@@ -134,6 +137,19 @@ class RootfsStore:
                 subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], check=True, capture_output=True)
             self._ready[image] = path
             return path
+
+    @contextlib.contextmanager
+    def _across_processes(self) -> Any:
+        """The store's lock between processes (a server, a CLI, test workers): two first runs of
+        one image at once would export it twice, and the second rename fails on the first's tree
+        (seen with three processes: ENOTEMPTY, EBUSY once it was bind-mounted)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory / STORE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def _check_space(self, image: str, size: int) -> None:
         """Refuse before writing when the export cannot fit (with a reserve): a full disk is found
@@ -208,7 +224,7 @@ class RootfsStore:
                     shutil.rmtree(entry, ignore_errors=True)
                     removed.append(entry.name)
                 continue
-            if entry.name == "refs" or entry.name in images or rootfs in in_use:
+            if entry.name in ("refs", STORE_LOCK) or entry.name in images or rootfs in in_use:
                 continue
             if not self.engine and not (entry / BUILT).exists():
                 continue  # an export: whether its image is gone only the engine knows

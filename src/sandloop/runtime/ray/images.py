@@ -21,13 +21,10 @@ import io
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sandloop.contract import SandboxBusy
-from sandloop.runtime.base import BuildLimits
-
-if TYPE_CHECKING:
-    from sandloop.runtime.ray.backend import RayBackend
+from sandloop.runtime.base import TEMPLATE_CACHE_REPO, BuildLimits
 
 #: Seconds a quick call (an inspect, a tag) may take.
 QUICK = 30.0
@@ -37,10 +34,22 @@ SEND_SECONDS = 1800.0
 WRITE_SECONDS = 300.0
 
 
+class Nodes(Protocol):
+    """What the builder needs of the cluster (``RayBackend``): its nodes, and calls to them."""
+
+    def usable_nodes(self) -> list[str]: ...
+
+    def node_call(self, node_id: str, method: str, *args: Any, timeout: float = ..., **kwargs: Any) -> Any: ...
+
+    def node_stream(
+        self, node_id: str, method: str, *args: Any, timeout: float, on_output: Callable[[str, bytes], None] | None
+    ) -> Any: ...
+
+
 class ClusterBuilder:
     """Template build steps on a cluster's build node; templates sent to every node."""
 
-    def __init__(self, backend: RayBackend) -> None:
+    def __init__(self, backend: Nodes) -> None:
         self.backend = backend
 
     def build_node(self) -> str:
@@ -110,11 +119,9 @@ class ClusterBuilder:
         return str(self._call("change", parent, env=env, labels=labels, timeout=WRITE_SECONDS))
 
     def tag(self, image_id: str, repository: str, tag: str) -> None:
-        from sandloop.images.templates.build import CACHE_REPO
-
         source = self.build_node()
         self.backend.node_call(source, "build", "tag", image_id, repository, tag)
-        if repository != CACHE_REPO:  # a template's name: every node gets the image
+        if repository != TEMPLATE_CACHE_REPO:  # a template's name: every node gets the image
             self.send(source, image_id, f"{repository}:{tag}")
 
     def send(self, source: str, image_id: str, ref: str) -> list[str]:
