@@ -3,6 +3,10 @@
 #   make test   set up, then run the whole test suite
 VENV ?= .venv
 PYTEST_ARGS ?=
+# Test files run side by side on this many pytest-xdist workers (the suite waits on sandboxes and
+# engines more than it computes: 4 on 2 cores); the tests marked `serial` run alone afterwards.
+WORKERS ?= 4
+XDIST = -n $(WORKERS) --dist loadgroup
 
 .PHONY: setup setup-dev run test test-fast images lint bench bench-backends clean
 
@@ -35,15 +39,17 @@ NO_ENGINE = {"type": "oci", "engine": false, "store": "/var/lib/sandloop/oci-no-
 SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/adversarial
 
 test: setup-dev
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
-	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest $(PYTEST_ARGS) $(SECOND_PASS)
-	SANDLOOP_BACKEND='{"type": "oci", "runc_with": "runc"}' $(VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/integration/test_isolation.py
+	$(VENV)/bin/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m serial $(PYTEST_ARGS)
+	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS) $(SECOND_PASS)
+	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest -m serial $(PYTEST_ARGS) $(SECOND_PASS)
+	SANDLOOP_BACKEND='{"type": "oci", "runc_with": "runc"}' $(VENV)/bin/python -m pytest $(XDIST) $(PYTEST_ARGS) tests/integration/test_isolation.py
 	SANDLOOP_BACKEND='$(NO_ENGINE)' $(VENV)/bin/sandloop images build --no-docker
-	SANDLOOP_BACKEND='$(NO_ENGINE)' $(VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/integration/test_isolation.py
+	SANDLOOP_BACKEND='$(NO_ENGINE)' $(VENV)/bin/python -m pytest $(XDIST) $(PYTEST_ARGS) tests/integration/test_isolation.py
 
 # No engine, no image: unit tests, and the backend contract on the test double (FakeBackend).
 test-fast:
-	$(VENV)/bin/python -m pytest tests/unit tests/contract -m "not docker" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(XDIST) tests/unit tests/contract -m "not docker" $(PYTEST_ARGS)
 
 images:
 	$(VENV)/bin/sandloop images build

@@ -46,11 +46,40 @@ def engine_state() -> tuple[str | None, set[str]]:
         backend.close()
 
 
+#: How the suite runs side by side (pytest-xdist, ``--dist loadgroup``; ``make test``). A file
+#: whose tests share a module-scoped fixture (a server, a session, a built template) runs on one
+#: worker, in order; the contract suite's Ray backend runs where the (one) local Ray cluster is.
+#: Files run alone after the parallel pass (marker ``serial``): they stop, stall or restart the
+#: engine for everyone (chaos/), or count what the whole host holds (every run container the
+#: engine started, in test_ray.py; the sessions and snapshots in the host's home, in test_readme.py).
+SERIAL_FILES = ("integration/test_ray.py", "integration/test_readme.py")
+
+
+def _module_scoped(item: pytest.Item) -> bool:
+    names = getattr(item, "fixturenames", ())
+    defs = item.session._fixturemanager  # noqa: SLF001 - the fixtures this test uses, by scope
+    for name in names:
+        for fixture in defs.getfixturedefs(name, item) or ():
+            if fixture.scope in ("module", "class", "package") and fixture.baseid:
+                return True
+    return False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).relative_to(HERE).parts
-        if parts and parts[0] in ("integration", "adversarial"):
+        where = "/".join(parts)
+        if parts and parts[0] in ("integration", "adversarial", "chaos"):
             item.add_marker(pytest.mark.docker)
+        if (parts and parts[0] == "chaos") or where in SERIAL_FILES:
+            item.add_marker(pytest.mark.serial)
+        if "[ray-" in item.nodeid:
+            group = "ray"
+        elif _module_scoped(item):
+            group = where
+        else:
+            continue
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sandloop.images.recipe_hash import default_runtime_image
 from sandloop.paths import default_home
+from sandloop.recipe_hash import default_runtime_image
 
 
 class DockerConfig(BaseModel):

@@ -25,6 +25,7 @@ def _dockerd_pid() -> int | None:
     return int(out[0]) if out else None
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("dockerd"), reason="needs root and a local dockerd to stop")
 def test_engine_stopped_mid_run_then_recovery():
     """A SandboxError (not a hang, not a wrong result), then normal runs once the engine is back."""

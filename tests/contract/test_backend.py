@@ -6,12 +6,17 @@ isolation itself is proven against the real engine in ``integration/`` and ``adv
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 
 from sandloop.contract import SandboxError
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
+
+#: Session ids of this process (pytest-xdist runs backends side by side on one engine), shaped as
+#: sessions' ids are (s- and 12 hex digits).
+SID1, SID2, SID3, SID4 = (f"s-{(os.getpid() << 8 | i) & (16**12 - 1):012x}" for i in range(1, 5))
 
 
 def ids(backend, kind="sandbox"):
@@ -65,11 +70,11 @@ def test_a_kill_at_the_memory_ceiling_is_flagged(under):
 
 def test_owned_sandboxes_carry_labels_until_destroyed(under):
     b = under.backend
-    sandbox = b.launch(under.spec(labels=((SESSION_LABEL, "s-contract1"),)), purpose="pool", lifetime_seconds=60)
+    sandbox = b.launch(under.spec(labels=((SESSION_LABEL, SID1),)), purpose="pool", lifetime_seconds=60)
     try:
         item = next(i for i in b.owned() if i.id == sandbox.id)
         assert item.kind == "sandbox" and item.labels[f"{LABEL_PREFIX}purpose"] == "pool"
-        assert item.labels[SESSION_LABEL] == "s-contract1" and f"{LABEL_PREFIX}owner" in item.labels
+        assert item.labels[SESSION_LABEL] == SID1 and f"{LABEL_PREFIX}owner" in item.labels
         assert b.is_alive(sandbox) and sandbox.started_at <= time.monotonic()
     finally:
         b.destroy(sandbox)
@@ -80,11 +85,11 @@ def test_owned_sandboxes_carry_labels_until_destroyed(under):
 
 def test_remove_labelled_removes_a_sessions_sandboxes(under):
     b = under.backend
-    spec = under.spec(labels=((SESSION_LABEL, "s-contract2"),))
+    spec = under.spec(labels=((SESSION_LABEL, SID2),))
     made = [b.launch(spec, purpose="run", lifetime_seconds=60) for _ in range(2)]
     other = b.launch(under.spec(), purpose="run", lifetime_seconds=60)
     try:
-        assert b.remove_labelled(SESSION_LABEL, "s-contract2") == 2
+        assert b.remove_labelled(SESSION_LABEL, SID2) == 2
         assert not ({s.id for s in made} & ids(b)) and other.id in ids(b)
     finally:
         b.destroy(other)
@@ -98,7 +103,7 @@ def test_remove_labelled_removes_a_sessions_sandboxes(under):
 
 def test_a_workspace_survives_its_sandboxes(under):
     b = under.backend
-    ref = b.create_workspace("s-contract3", 16 * 1024 * 1024, "65534:65534")
+    ref = b.create_workspace(SID3, 16 * 1024 * 1024, "65534:65534")
     try:
         mounted = under.spec(cwd="/workspace", volumes=((ref.name, "/workspace"),))
         for code, expected in (("open('kept.txt', 'w').write('hi')", ""), ("print(open('kept.txt').read())", "hi\n")):
@@ -110,13 +115,13 @@ def test_a_workspace_survives_its_sandboxes(under):
                 b.destroy(sandbox)
         assert ref.name in ids(b, "workspace")
     finally:
-        b.delete_workspace("s-contract3")
+        b.delete_workspace(SID3)
     assert ref.name not in ids(b, "workspace")
 
 
 def test_a_kernel_keeps_state_survives_an_interrupt_and_is_found_again(under):
     b = under.backend
-    labels = ((SESSION_LABEL, "s-contract4"), (f"{LABEL_PREFIX}owner", "session:s-contract4"))
+    labels = ((SESSION_LABEL, SID4), (f"{LABEL_PREFIX}owner", "session:" + SID4))
     spec = under.spec(labels=labels, command=("--kernel",))
     limits = under.limits()
     kernel = b.launch(spec, purpose="kernel", lifetime_seconds=60)
@@ -126,13 +131,13 @@ def test_a_kernel_keeps_state_survives_an_interrupt_and_is_found_again(under):
         slow = b.run_cell(kernel, "import time\nwhile True: time.sleep(0.1)", limits=limits, interrupt_after=1, grace=5)
         assert slow.timed_out and not slow.interpreter_restarted and "KeyboardInterrupt" in slow.stderr
         b.detach(kernel)
-        again = b.find_kernel("s-contract4", spec)
+        again = b.find_kernel(SID4, spec)
         assert again is not None and again.id == kernel.id
         assert b.run_cell(again, "x * 2", limits=limits, interrupt_after=30, grace=3).value == "40"
         kernel = again
     finally:
         b.destroy(kernel)
-    assert b.find_kernel("s-contract4", spec) is None
+    assert b.find_kernel(SID4, spec) is None
 
 
 def test_info_names_the_backend(under):

@@ -79,9 +79,10 @@ def test_snapshot_then_a_sandbox_from_it_then_delete(server):
 
 
 def test_auto_pause_at_the_timeout_keeps_the_sandbox(server):
-    s = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"})
+    s = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"})
     try:
         s.run_code("y = 'survived the timeout'")
+        s.set_timeout(3)  # from now: the cell ran before it (a busy machine may take seconds for it)
         # the timeout has passed once the control plane has paused it (each call checks the timeout)
         deadline = time.monotonic() + 120
         while PlainSandbox.get_info(s.sandbox_id).state != "paused":

@@ -164,6 +164,7 @@ def test_without_an_allowlist_there_is_no_network_and_no_proxy(root, runtime):
     assert r.stdout == "[]\nFalse\nConnectionRefusedError\n" and r.egress == []
 
 
+@pytest.mark.serial  # the proxy's state folder is the host's: other workers' runs open and close theirs there
 def test_nothing_is_left_after_egress_runs(root, servers, runtime):
     before = set(os.listdir(egress_state())) if egress_state().is_dir() else set()
     for _ in range(3):
@@ -317,13 +318,18 @@ def test_front_ends_cli_api_and_agent_carry_egress_and_secrets(secret_root, serv
     assert [(a["host"], a["allowed"]) for a in result["egress"]] == [("allowed.test", True), ("other.test", True)]
     # the agent loop: the model's code uses the placeholder, a refusal comes back as a note
     client = ScriptedClient([calls(code_call(fetch.format(path="agent"))), answer("done")])
-    monkeypatch.setattr("sandloop.runner.default_root", lambda: secret_root)
-    run_agent(
-        "fetch it",
-        client,
-        egress=["allowed.test"],
-        secrets={"KEY": Secret(SECRET_VALUE, hosts=["allowed.test"], headers=["X-Key"], plain_http=True)},
-    )
+    from sandloop.runner import use_root
+
+    previous = use_root(secret_root)  # the process-wide root, on which the agent's default tool runs
+    try:
+        run_agent(
+            "fetch it",
+            client,
+            egress=["allowed.test"],
+            secrets={"KEY": Secret(SECRET_VALUE, hosts=["allowed.test"], headers=["X-Key"], plain_http=True)},
+        )
+    finally:
+        use_root(previous)
     tool_text = str(client.transcripts[1][-1])
     assert "hello from http /agent" in tool_text and "refused: other.test:80 is not on" in tool_text
     assert "egress (allowed): GET allowed.test:80" in tool_text and SECRET_VALUE not in tool_text

@@ -25,7 +25,9 @@ from sandloop.runtime.oci.generate import docker_config
 from sandloop.runtime.oci.store import BUILT, IMAGE_CONFIG
 from sandloop.settings import OCIConfig, runtime_image
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the direct backend needs root")
+# The image is built here without Docker (debootstrap, wheels: minutes on a busy machine), bounded
+# by its own steps, not by the per-test timeout.
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the direct backend needs root"), pytest.mark.timeout(1200)]
 
 #: Its own store, so that Docker-made exports of the same image never stand in for the build.
 STORE = Path("/var/lib/sandloop/oci-no-docker")

@@ -79,6 +79,7 @@ def test_dataframe_chart_and_pil_image(nb):
 
 
 def test_errors_exit_and_tracebacks_as_ipython_prints_them(nb):
+    nb.run_cell("n = 6")  # its own state: tests of one module may run in any order
     bad = nb.run_cell("def f():\n    return 1 / 0\nf()")
     assert bad.exit_code == 1 and bad.error.name == "ZeroDivisionError" and bad.error.value == "division by zero"
     assert "----> 3 f()" in bad.error.traceback and "ZeroDivisionError" in bad.stderr

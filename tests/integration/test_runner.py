@@ -128,6 +128,7 @@ def test_timeout_kills_and_keeps_partial_output(limits):
     assert 2 <= r.duration_seconds < 15
 
 
+@pytest.mark.serial  # the host's temp folders: other workers' runs make and remove theirs meanwhile
 def test_teardown_leaves_no_container_and_no_temp_file(limits):
     before = host_temp_entries()
     run_code("print(1)", limits=limits)

@@ -170,6 +170,7 @@ def test_a_gvisor_fork_has_its_own_memory_and_workspace(gvisor_session):
 
 
 @pytest.mark.runsc
+@pytest.mark.serial  # no staged snapshot left anywhere in the host's store: others stage theirs meanwhile
 def test_a_failed_snapshot_or_fork_never_loses_the_sessions_memory(gvisor_session, monkeypatch):
     """A snapshot that fails after its checkpoint restores the interpreter from it before removing
     it; a fork whose parent does not come back (restored beside its children) keeps the parent's

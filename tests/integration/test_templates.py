@@ -19,7 +19,8 @@ import pytest
 from sandloop import SandboxLimits, Sandloop, Settings
 from sandloop.contract import InvalidArgument, TemplateBuildFailed, TemplateInUse, TemplateNotFound
 from sandloop.images.templates import parse_steps_file
-from tests.helpers import host_temp_entries
+from sandloop.runtime.labels import owner_alive
+from tests.helpers import OWNER, host_temp_entries
 from tests.template_packages import make_npm_tarball, make_wheel
 
 NAME = f"t-{uuid.uuid4().hex[:8]}"
@@ -37,15 +38,22 @@ def sl():
 
 
 def build_containers() -> list[str]:
-    """Build containers left, by id. Listed without inspecting each (one removed between the list and
-    its inspection is gone, not an error); one Docker is removing right now (another reaper, such as
-    this process's periodic one, got there first) is on its way out and not counted."""
+    """Build containers left, by id: this process's, or of an owner that is gone (a killed build,
+    a CLI that exited); the builds of another live process (a test worker beside this one) are
+    theirs. Listed without inspecting each (one removed between the list and its inspection is gone,
+    not an error); one Docker is removing right now (another reaper, such as this process's
+    periodic one, got there first) is on its way out and not counted."""
     client = docker.from_env()
     try:
         found = client.api.containers(all=True, filters={"label": "sandloop.purpose=template-build"})
     finally:
         client.close()
-    return [c["Id"] for c in found if c.get("State") != "removing"]
+
+    def ours_or_orphaned(container: dict) -> bool:
+        owner = (container.get("Labels") or {}).get("sandloop.owner", "")
+        return owner == OWNER or owner_alive(owner) is not True
+
+    return [c["Id"] for c in found if c.get("State") != "removing" and ours_or_orphaned(c)]
 
 
 def steps_file(folder, text: str, name: str = "steps.yaml"):
@@ -163,6 +171,7 @@ def test_an_unknown_template_is_a_clear_error(sl):
         sl.run_code("print(1)", template="Bad Name!")
 
 
+@pytest.mark.serial  # the host's temp folders, as test_runner's teardown test
 def test_a_failing_step_says_which_with_its_log_and_leaves_nothing(sl, tmp_path):
     before = host_temp_entries()
     path = steps_file(
@@ -179,6 +188,7 @@ def test_a_failing_step_says_which_with_its_log_and_leaves_nothing(sl, tmp_path)
     assert host_temp_entries() - before == set()
 
 
+@pytest.mark.serial  # the host's temp folders, as test_runner's teardown test
 @pytest.mark.parametrize(
     "then",
     [
@@ -345,6 +355,7 @@ def test_a_dockerfile_builds_and_what_cannot_be_had_is_refused(sl, tmp_path, tem
             parse_steps_file(dockerfile, f"{NAME}-bad")
 
 
+@pytest.mark.serial  # `templates prune` empties the step cache every other build on this host relies on
 def test_the_cli_builds_lists_shows_runs_and_removes(tmp_path):
     def sandloop(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "sandloop", *args], capture_output=True, text=True, timeout=300)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from sandloop.server.e2b.service import E2BError
-from sandloop.server.e2b.templates import _absolute, _helper, _stage
+from sandloop.server.e2b.template_steps import absolute as _absolute
+from sandloop.server.e2b.template_steps import helper_step as _helper
+from sandloop.server.e2b.template_steps import stage_copy as _stage
 
 
 @pytest.mark.parametrize(

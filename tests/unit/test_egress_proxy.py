@@ -437,8 +437,9 @@ def test_a_relay_quiet_both_ways_is_closed_and_the_servers_can_hold_their_relays
     import resource
 
     from sandloop.runtime.egress import proxy as proxy_module
+    from sandloop.runtime.egress import wire
 
-    monkeypatch.setattr(proxy_module, "RELAY_IDLE_SECONDS", 1.0)
+    monkeypatch.setattr(wire, "RELAY_IDLE_SECONDS", 1.0)  # read where relays are piped
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen()

@@ -7,7 +7,7 @@ import pytest
 from sandloop import InvalidArgument
 from sandloop.contract import PathRefused
 from sandloop.sessions import check_path
-from sandloop.sessions.session import _check_archive
+from sandloop.sessions.session_files import _check_archive
 
 
 @pytest.mark.parametrize(

@@ -99,10 +99,10 @@ def execute_code_tool(
     )
 
     def run(args: dict[str, Any]) -> tuple[str, bool]:
-        from sandloop.runner import run_code
+        from sandloop.sessions.host import default_host  # the process-wide root's run_code
 
         code, language, timeout = _code_arguments(args, default_timeout)
-        execute: Callable[..., ExecutionResult] = runner or run_code
+        execute: Callable[..., ExecutionResult] = runner or default_host().run_code
         extra: dict[str, Any] = {"secrets": secrets} if secrets else {}
         result = execute(code, language, timeout, limits=lim, **extra)
         return format_execution(result), not result.ok

@@ -1,5 +1,5 @@
 """Runtime images: the recipe (recipe/), its content hash, and the offline build."""
 
-from sandloop.images.recipe_hash import RECIPE_DIR, base_tag, default_runtime_image, recipe_hash
+from sandloop.recipe_hash import RECIPE_DIR, base_tag, default_runtime_image, recipe_hash
 
 __all__ = ["RECIPE_DIR", "base_tag", "default_runtime_image", "recipe_hash"]

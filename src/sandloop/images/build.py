@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from sandloop.contract import SandboxError
-from sandloop.images.recipe_hash import RECIPE_DIR, RUNTIME_FILES, SUITE, base_tag, recipe_hash
 from sandloop.paths import unmount_below
+from sandloop.recipe_hash import RECIPE_DIR, RUNTIME_FILES, SUITE, base_tag, recipe_hash
 from sandloop.runtime.docker import DockerBackend, DockerImages
 from sandloop.runtime.oci.generate import DEFAULT_PATH
 
@@ -270,32 +270,35 @@ def build_rootfs(*, store: Path, force: bool = False, progress: Progress = print
     image = runtime_image()
     images = RootfsStore(store / "images", _no_engine, engine=False)
     image_id = f"built-{recipe_hash()}-{ROOTFS_BUILD}"
-    if not force and images.has(image) and images.image_id(image) == image_id:
-        progress(f"runtime image {image} is up to date in {images.directory}")
-        return image
-    _require_debootstrap()
-    images.directory.mkdir(parents=True, exist_ok=True)
-    work = images.directory / f".build-{uuid.uuid4().hex[:8]}"
-    work.mkdir(mode=0o700)
-    try:
-        _base_rootfs(work / "rootfs", progress)
-        config = _apply_recipe(work / "rootfs", progress)
-        (work / IMAGE_CONFIG).write_text(json.dumps(config))
-        (work / BUILT).write_text(f"{image}\n")
-        work.chmod(0o755)
-        final = images.directory / image_id
-        if final.exists():  # --force: the old copy goes (runs that have it mounted keep theirs)
-            old = images.directory / f".build-old-{uuid.uuid4().hex[:8]}"
-            subprocess.run(["umount", "-l", str(final / "rootfs")], capture_output=True, check=False)
-            final.rename(old)
-            shutil.rmtree(old, ignore_errors=True)
-        work.rename(final)
-        for name in (image, LATEST):
-            images.add_ref(name, image_id)
-    finally:
-        if work.exists():
-            unmount_below(work)
-            shutil.rmtree(work, ignore_errors=True)
+    # One build at a time per store, between processes too (two test workers, a CLI beside a
+    # server): the second waits, then finds the first's build up to date.
+    with images.across_processes():
+        if not force and images.has(image) and images.image_id(image) == image_id:
+            progress(f"runtime image {image} is up to date in {images.directory}")
+            return image
+        _require_debootstrap()
+        images.directory.mkdir(parents=True, exist_ok=True)
+        work = images.directory / f".build-{uuid.uuid4().hex[:8]}"
+        work.mkdir(mode=0o700)
+        try:
+            _base_rootfs(work / "rootfs", progress)
+            config = _apply_recipe(work / "rootfs", progress)
+            (work / IMAGE_CONFIG).write_text(json.dumps(config))
+            (work / BUILT).write_text(f"{image}\n")
+            work.chmod(0o755)
+            final = images.directory / image_id
+            if final.exists():  # --force: the old copy goes (runs that have it mounted keep theirs)
+                old = images.directory / f".build-old-{uuid.uuid4().hex[:8]}"
+                subprocess.run(["umount", "-l", str(final / "rootfs")], capture_output=True, check=False)
+                final.rename(old)
+                shutil.rmtree(old, ignore_errors=True)
+            work.rename(final)
+            for name in (image, LATEST):
+                images.add_ref(name, image_id)
+        finally:
+            if work.exists():
+                unmount_below(work)
+                shutil.rmtree(work, ignore_errors=True)
     progress(f"built {image} into {images.directory / image_id}")
     return image
 

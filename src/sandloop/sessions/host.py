@@ -1,17 +1,21 @@
-"""What a session needs from the root it lives in, and the process's default root.
+"""What a session (and the agent's default tool) needs from the root it lives in, and the
+process's default root.
 
-Sessions stand below the composition root (``root.Sandloop``, which satisfies ``SessionHost``):
-a ``Session`` is handed its root (``root=``), or takes the process-wide one, which the root's
-module registers here when it is imported (``provide_default``; ``import sandloop`` does it).
+Sessions and the agent stand below the composition root (``root.Sandloop``, which satisfies
+``SessionHost``): a ``Session`` is handed its root (``root=``), or takes the process-wide one,
+which the root's module registers here when it is imported (``provide_default``; ``import
+sandloop`` does it); the agent's ``execute_code`` runs on it unless given a runner.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from sandloop.contract import ExecutionResult, SandboxLimits
+    from sandloop.contract.egress import Secret
     from sandloop.images.templates import Templates
     from sandloop.pool.dispatcher import Dispatcher
     from sandloop.runtime.base import FullBackend
@@ -31,6 +35,19 @@ class SessionHost(Protocol):
     templates: Templates
 
     def image_for(self, template: str | None) -> str: ...
+
+    def run_code(
+        self,
+        code: str | bytes,
+        language: str = ...,
+        timeout_seconds: float = ...,
+        *,
+        limits: SandboxLimits | None = ...,
+        stdin: str | bytes | None = ...,
+        on_output: Callable[[str, bytes], None] | None = ...,
+        secrets: Mapping[str, Secret] | None = ...,
+        template: str | None = ...,
+    ) -> ExecutionResult: ...
 
 
 _lock = threading.Lock()

@@ -15,24 +15,14 @@ at the end; ``Session.create()`` + ``Session.attach(id)`` keep it across process
 
 from __future__ import annotations
 
-import base64
 import builtins
 import concurrent.futures
-import contextlib
-import io
 import json
 import logging
 import math
-import os
-import re
-import shutil
-import tarfile
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
-from importlib import resources
-from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sandloop.contract import (
@@ -42,14 +32,9 @@ from sandloop.contract import (
     ExecutionResult,
     InvalidArgument,
     Output,
-    PathRefused,
     SandboxError,
     SandboxLimits,
-    SessionNotPaused,
     SessionPaused,
-    TooLarge,
-    WorkspaceFileNotFound,
-    WorkspaceFull,
     parse_size,
 )
 from sandloop.contract.egress import Secret
@@ -57,23 +42,11 @@ from sandloop.requests import build_request, check_secrets, check_timeout
 from sandloop.runtime.base import Sandbox, SandboxSpec
 from sandloop.sessions.host import SessionHost, default_host
 from sandloop.sessions.kernel import Kernel, interpreter_spec, lock_file
-from sandloop.sessions.snapshots import (
-    LOAD_STATE,
-    PAUSED,
-    SAVE_STATE,
-    STATE_FILE,
-    ClusterSnapshots,
-    SnapshotRecord,
-    SnapshotStore,
-    copy_files,
-    memory_backend,
-    new_snapshot_id,
-    place_file,
-    take_file,
-    validate_count,
-)
+from sandloop.sessions.session_files import SessionFiles
+from sandloop.sessions.session_snapshots import SessionSnapshots
+from sandloop.sessions.snapshots import PAUSED, ClusterSnapshots, SnapshotRecord, validate_count
 from sandloop.sessions.store import SESSION_LABEL, WORKSPACE, SessionRecord
-from sandloop.sessions.watch import Watcher, check_watchable
+from sandloop.sessions.watch import Watcher
 
 MAX_TTL_SECONDS = 30 * 86400
 #: What ``language=`` of a cell or a context may say, and the interpreter it names.
@@ -91,57 +64,12 @@ CONTEXT_LANGUAGES = {
     "shell": "bash",
 }
 MIN_QUOTA_BYTES, MAX_QUOTA_BYTES = 8 * 1024**2, 64 * 1024**3
-MAX_READ_BYTES = 16 * 1024 * 1024
-MAX_WRITE_BYTES = 64 * 1024 * 1024
-MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 DEFAULT_QUOTA = "256m"
-_HELPER = resources.files("sandloop.sessions").joinpath("files_helper.py").read_text()
 
 log = logging.getLogger(__name__)
 
 
-def check_path(path: str) -> str:
-    """A workspace-relative POSIX path; refuses absolute paths outside /workspace and ``..``."""
-    if not isinstance(path, str) or "\0" in path:
-        raise PathRefused(f"invalid path {path!r}")
-    p = path.strip()
-    if p.startswith(WORKSPACE + "/") or p == WORKSPACE:
-        p = p[len(WORKSPACE) :].lstrip("/")
-    if p.startswith("/"):
-        raise PathRefused(f"absolute path {path!r} is outside the workspace; use a path relative to {WORKSPACE}")
-    parts = [x for x in PurePosixPath(p).parts if x != "."]
-    if ".." in parts:
-        raise PathRefused(f"path {path!r} climbs out of the workspace ('..' is not allowed)")
-    return "/".join(parts) or "."
-
-
-#: A metadata key: an HTTP header token (E2B's SDKs send each as an ``X-Metadata-<key>`` header).
-_METADATA_KEY = re.compile(r"\A[A-Za-z0-9!#$%&'*+\-.^_`|~]+\Z")
-_METADATA_VALUE = re.compile(r"\A[\x20-\x7e]*\Z")
-#: ext4 keeps a file's extended attributes in at most one 4 KiB block beside its inode.
-MAX_METADATA_BYTES = 2048
-
-
-def check_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
-    """A file's metadata as it is kept: keys lowercased, each an HTTP token, values printable
-    ASCII, 2 KiB in all. ``InvalidArgument`` says which entry is wrong."""
-    if not isinstance(metadata, Mapping):
-        raise InvalidArgument("metadata must be a mapping of strings to strings")
-    out: dict[str, str] = {}
-    for key, value in metadata.items():
-        if not isinstance(key, str) or not _METADATA_KEY.match(key):
-            raise InvalidArgument(
-                f"invalid metadata key {key!r}: use letters, digits and !#$%&'*+-.^_`|~ (no spaces, not empty)"
-            )
-        if not isinstance(value, str) or not _METADATA_VALUE.match(value):
-            raise InvalidArgument(f"invalid metadata value for {key!r}: values are printable ASCII, one line")
-        out[key.lower()] = value
-    if sum(len(k) + len(v) + 9 for k, v in out.items()) > MAX_METADATA_BYTES:
-        raise InvalidArgument(f"metadata takes at most {MAX_METADATA_BYTES} bytes in all (keys and values)")
-    return out
-
-
-class Session:
+class Session(SessionFiles, SessionSnapshots):
     """A persistent workspace plus a stateful interpreter. See the module docstring."""
 
     def __init__(
@@ -439,302 +367,7 @@ class Session:
                 "by the sandbox's user (uid 65534), or fit them within the session's quota"
             )
 
-    # -- files ----------------------------------------------------------------------------------
-    def _files(self, op: str, args: dict[str, Any], data: bytes = b"", output: int = 1024 * 1024) -> dict[str, Any]:
-        self._live()
-        header = json.dumps({"op": op, **args}).encode() + b"\n"
-        limits = self.limits.model_copy(update={"output_limit": output, "egress": ()})  # the helper needs none
-        spec = self._spec()
-        request = build_request(_HELPER, "python", 60, limits=limits, stdin=header + data, image=self._record.image)
-        request = replace(request, image=spec.image, cwd=WORKSPACE, volumes=spec.volumes, labels=spec.labels)
-        result = self._dispatcher.run(request, pool_size=1)
-        if result.stdout_truncated or not result.stdout.startswith("{"):
-            raise SandboxError(
-                f"file operation {op} failed inside the sandbox: {result.stderr[-500:] or result.stdout[:200]}"
-            )
-        reply: dict[str, Any] = json.loads(result.stdout)
-        if reply.get("ok"):
-            return reply
-        kind, message = reply.get("kind"), reply.get("error", "")
-        if kind == "not_found":
-            raise WorkspaceFileNotFound(message)
-        if kind == "refused":
-            raise PathRefused(message)
-        if kind == "too_large":
-            raise TooLarge(message)
-        if kind == "is_directory":
-            raise PathRefused(f"{message} (a directory where a file was expected; list a directory with list_files)")
-        if kind == "no_space":
-            raise WorkspaceFull(f"the workspace is full ({self._record.quota_bytes} byte quota): {message}")
-        raise SandboxError(message)
-
-    def write_file(self, path: str, content: bytes | str, *, metadata: Mapping[str, str] | None = None) -> int:
-        """Write a file (replacing one there, and its metadata); its size. ``metadata``: strings
-        kept with the file (its ``user.e2b.*`` extended attributes, as E2B keeps them), shown by
-        ``stat``, ``list_files`` and ``move``; keys are lowercased (``check_metadata``)."""
-        rel = check_path(path)
-        data = content.encode() if isinstance(content, str) else bytes(content)
-        if len(data) > MAX_WRITE_BYTES:
-            raise TooLarge(f"{len(data)} bytes is over the {MAX_WRITE_BYTES}-byte cap for write_file; use upload")
-        args: dict[str, Any] = {"path": rel}
-        if metadata:
-            args["metadata"] = check_metadata(metadata)
-        return int(self._files("write", args, data)["size"])
-
-    def read_file(self, path: str) -> bytes:
-        rel = check_path(path)
-        reply = self._files("read", {"path": rel, "max_bytes": MAX_READ_BYTES}, output=MAX_READ_BYTES * 4 // 3 + 4096)
-        return base64.b64decode(reply["data"])
-
-    def list_files(self, path: str = ".") -> builtins.list[dict[str, Any]]:
-        return builtins.list(self._files("list", {"path": check_path(path)}, output=16 * 1024 * 1024)["entries"])
-
-    def list_tree(self, path: str = ".", depth: int = 1) -> builtins.list[dict[str, Any]]:
-        """Entries ``depth`` levels down, each with its ``path`` relative to the workspace."""
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 64:
-            raise InvalidArgument(f"depth must be between 1 and 64, got {depth!r}")
-        reply = self._files("list", {"path": check_path(path), "depth": depth}, output=64 * 1024 * 1024)
-        return builtins.list(reply["entries"])
-
-    def stat(self, path: str) -> dict[str, Any]:
-        """One entry (name, type, size, mode, mtime) of a file or directory; not followed if a link."""
-        return dict(self._files("stat", {"path": check_path(path)})["entry"])
-
-    def make_dir(self, path: str) -> bool:
-        """Make a directory and its parents; False if something was already there."""
-        return bool(self._files("mkdir", {"path": check_path(path)})["created"])
-
-    def move(self, path: str, dest: str) -> dict[str, Any]:
-        """Rename a file or directory within the workspace; its new entry."""
-        return dict(self._files("move", {"path": check_path(path), "dest": check_path(dest)})["entry"])
-
-    def delete_file(self, path: str) -> None:
-        self._files("delete", {"path": check_path(path)})
-
-    def watch(self, path: str = ".", *, recursive: bool = False, include_entry: bool = False) -> Watcher:
-        """Watch a workspace directory for changes (by the session's code, its processes or the
-        file API): ``events()`` returns what happened since the last call, ``wait(timeout)``
-        waits for some; ``close()`` it. ``recursive`` covers the directories below too (up to
-        ``watch.MAX_DIRS``); ``include_entry`` adds each changed path's ``stat``. See
-        sessions/watch.py for what it costs and why it never follows the sandbox's symlinks."""
-        self._live()
-        rel = check_path(path)
-        root = self._root.backend.workspace_on_host(self.id, self._record.workspace)
-        watcher = Watcher(
-            check_watchable(root, self.id),
-            rel,
-            recursive=bool(recursive),
-            include_entry=bool(include_entry),
-            session_id=self.id,
-            shown=path,
-        )
-        with self._watch_lock:
-            self._watchers = [w for w in self._watchers if not w.closed] + [watcher]
-        return watcher
-
-    def upload(self, source: str | os.PathLike[str] | bytes, dest: str = ".") -> dict[str, int]:
-        """Upload a local directory, or a tar/tar.gz/zip archive (a path or its bytes)."""
-        if isinstance(source, bytes):
-            data = source
-        else:
-            src = Path(source)
-            if src.is_dir():
-                data = _tar_directory(src)
-            elif src.is_file():
-                if src.stat().st_size > MAX_UPLOAD_BYTES:
-                    raise TooLarge(f"{src} is over the {MAX_UPLOAD_BYTES}-byte upload cap")
-                data = src.read_bytes()
-            else:
-                raise InvalidArgument(f"{source} is neither a directory nor an archive file")
-        if len(data) > MAX_UPLOAD_BYTES:
-            raise TooLarge(f"upload of {len(data)} bytes is over the {MAX_UPLOAD_BYTES}-byte cap")
-        limit = self._record.quota_bytes
-        _check_archive(data, limit)
-        reply = self._files("upload", {"dest": check_path(dest), "max_expanded": limit}, data)
-        return {"files": reply["files"], "bytes": reply["bytes"]}
-
-    def download(self, path: str = ".") -> bytes:
-        """A tar.gz of a file or directory of the workspace (symlinks are left out)."""
-        reply = self._files(
-            "download", {"path": check_path(path), "max_bytes": MAX_READ_BYTES * 2}, output=64 * 1024 * 1024
-        )
-        return base64.b64decode(reply["data"])
-
-    # -- pause, resume, snapshots, forks (snapshots.py) ---------------------------------------------
-    @property
-    def _home(self) -> Path:
-        return self._store.root / self.id
-
-    @property
-    def paused(self) -> str | None:
-        """How the session is paused ("memory", "state" or "files"), or None while it runs."""
-        return self._store.paused(self.id)
-
-    def pause(self, *, keep_memory: bool = True) -> str:
-        """Stop the session's interpreter and keep what it had: its memory where the backend can
-        (gVisor on the direct backend), else its picklable Python state; the workspace stays.
-        ``keep_memory=False`` keeps the files only (E2B's filesystem-only pause: a cold start).
-        Nothing runs and no memory is held until ``resume`` (or ``Session.attach``). A cell in
-        flight finishes (or times out) first. Returns the kind kept ("memory", "state", "files").
-
-        Raises:
-            SessionNotPaused: it is paused already.
-        """
-        self._check_open()
-        if self._store.remote is not None:  # where it lives (a Ray node), by the code below run there
-            with self._kernel.locked():
-                self._kernel.forget()  # that host lets go of the interpreter it checkpoints or stops
-                return self._store.remote.pause_session(asdict(self._record), keep_memory)
-        return self.pause_here(keep_memory=keep_memory)
-
-    def pause_here(self, *, keep_memory: bool = True) -> str:
-        """``pause`` on the host that holds the session's workspace and interpreter."""
-        with self._kernel.locked():
-            self._recover()
-            if self.paused:
-                raise SessionNotPaused(f"session {self.id} is already paused; resume it first")
-            staged = self._home / f".{PAUSED}"
-            shutil.rmtree(staged, ignore_errors=True)
-            staged.mkdir(mode=0o700)
-            try:
-                kind, dropped = self._keep(staged, keep_running=False, files_only=not keep_memory)
-                (staged / "dropped.json").write_text(json.dumps(dropped))
-                (staged / "kind").write_text(kind)
-                os.rename(staged, self._home / PAUSED)
-            except BaseException:
-                shutil.rmtree(staged, ignore_errors=True)
-                raise
-            self._dispatcher.drop_pools(lambda spec: (SESSION_LABEL, self.id) in spec.labels)
-            return kind
-
-    def resume(self) -> str:
-        """Start the paused session again as it was (same id); the kind it was kept as.
-
-        Raises:
-            SessionNotPaused: it is running.
-            SnapshotIncompatible: its memory was kept by another runsc, image or CPU.
-        """
-        self._check_open()
-        with self._kernel.locked():
-            if self._store.remote is not None:
-                kind = self._store.remote.resume_session(asdict(self._record))
-            else:
-                kind = self.resume_here()
-            self._store.touch(self._record)
-            return kind
-
-    def settle_here(self) -> str | None:
-        """How the session is paused, on the host that holds it, once what a pause or resume cut
-        short (a killed process) left is settled (see ``_recover``)."""
-        if self.paused or (self._home / f".{PAUSED}").exists():
-            with self._kernel.locked():
-                self._recover()
-        return self.paused
-
-    def interpreter_id(self) -> str | None:
-        """The id of the session's running interpreter on this host (None: none runs); starts none."""
-        kernel = self._kernel.running()
-        return None if kernel is None else str(kernel.id)
-
-    def resume_here(self) -> str:
-        """``resume`` on the host that holds the session's workspace and interpreter."""
-        with self._kernel.locked():
-            self._recover()
-            kind = self.paused
-            if kind is None:
-                raise SessionNotPaused(f"session {self.id} is running: there is nothing to resume")
-            self._bring_back(self._home / PAUSED, kind)
-            shutil.rmtree(self._home / PAUSED)
-            return kind
-
-    def snapshot(self, name: str = "", *, owner: str = "") -> SnapshotRecord:
-        """Keep the session as it is now (see ``pause`` for what each kind keeps, with a copy of
-        the workspace's files); it goes on running. ``Session.from_snapshot`` starts new sessions
-        from it. ``owner``: who it counts against (the HTTP API's token)."""
-        with self._kernel.locked():
-            return self._snapshot(name, owner=owner, bring_back=True)
-
-    def _snapshot(self, name: str, *, owner: str = "", bring_back: bool) -> SnapshotRecord:
-        """``snapshot`` under the kernel's lock; ``bring_back=False`` leaves a memory-kind
-        session's interpreter down (``fork`` restores it beside its children)."""
-        if not isinstance(name, str) or len(name) > 128:
-            raise InvalidArgument("a snapshot's name is a string of at most 128 characters")
-        if self._store.remote is not None:  # kept where the session lives (a Ray node), made there
-            self._check_open()
-            self._kernel.forget()  # a memory-kind interpreter comes back there as a new sandbox
-            made = self._store.remote.snapshot_session(asdict(self._record), name, owner, bring_back)
-            return SnapshotRecord(**made)
-        return self.snapshot_here(name, owner=owner, bring_back=bring_back)
-
-    def snapshot_here(self, name: str, *, owner: str = "", bring_back: bool = True) -> SnapshotRecord:
-        """``snapshot`` on the host that holds the session's workspace and interpreter."""
-        with self._kernel.locked():
-            self._live()
-            snapshots = self._local_snapshots()
-            snapshot_id = new_snapshot_id()
-            staged = snapshots.staging(snapshot_id)
-            staged.mkdir(mode=0o700)
-            return self._commit_snapshot(snapshots, staged, snapshot_id, name, owner, bring_back)
-
-    def _commit_snapshot(
-        self, snapshots: SnapshotStore, staged: Path, snapshot_id: str, name: str, owner: str, bring_back: bool
-    ) -> SnapshotRecord:
-        try:
-            kind, dropped = self._keep(staged, keep_running=True, bring_back=bring_back)
-            record = self._record
-            return snapshots.commit(
-                SnapshotRecord(
-                    snapshot_id,
-                    self.id,
-                    name,
-                    kind,
-                    time.time(),
-                    0,
-                    record.image,
-                    record.limits,
-                    record.quota_bytes,
-                    self._record_owner(),
-                    record.ttl_seconds,
-                    dropped,
-                    owner,
-                )
-            )
-        except BaseException:
-            self._unstage(staged)
-            raise
-
-    def _unstage(self, staged: Path) -> None:
-        """Remove a snapshot that failed; an interpreter it had checkpointed (and nothing brought
-        back) is restored from it first: the session never loses its memory to a failed snapshot."""
-        memory = memory_backend(self._root.backend)
-        checkpointed = staged / "memory"
-        whole = memory is not None and checkpointed.is_dir() and memory.checkpoint_whole(checkpointed)
-        if whole and self._kernel.running() is None:
-            try:
-                self._bring_back(staged, "memory")
-            except Exception as exc:  # noqa: BLE001 - the snapshot's own error is the one raised
-                log.warning("session %s: its interpreter did not come back after a failed snapshot: %s", self.id, exc)
-        shutil.rmtree(staged, ignore_errors=True)
-
-    @classmethod
-    def snapshots(
-        cls, session_id: str | None = None, *, root: SessionHost | None = None
-    ) -> builtins.list[SnapshotRecord]:
-        """The snapshots on this host (of one session when ``session_id`` is given)."""
-        return (root or default_host()).snapshots.list(session_id)
-
-    @classmethod
-    def delete_snapshot(cls, snapshot_id: str, *, root: SessionHost | None = None) -> None:
-        store = (root or default_host()).snapshots
-        store.get(snapshot_id)  # SnapshotNotFound
-        store.delete(snapshot_id)
-
-    def _local_snapshots(self) -> SnapshotStore:
-        snapshots = self._root.snapshots
-        if not isinstance(snapshots, SnapshotStore):
-            raise SandboxError("this backend keeps snapshots on other hosts")
-        return snapshots
-
+    # -- new sessions from this one, or from a snapshot (session_snapshots.py) ------------------
     def fork(self, count: int = 1) -> builtins.list[Session]:
         """``count`` new sessions, each starting as this one is now, with its own copy of the
         workspace (and of the memory, where it is kept): what one changes, no other sees. Where
@@ -759,25 +392,6 @@ class Session:
             finally:
                 if parent is None:  # else the snapshot holds this session's memory: never removed with it
                     self._root.snapshots.delete(snap.id)
-
-    def _restore_from(self, snap: SnapshotRecord) -> BaseException | None:
-        """Bring this session's interpreter back from its fork's memory snapshot (nothing to do for
-        another kind); what went wrong is returned, to be raised once the children are settled."""
-        if snap.kind != "memory":
-            return None
-        try:
-            if self._store.remote is not None:
-                self._store.remote.restore_from_snapshot(asdict(self._record), snap.id)
-            else:
-                self.restore_here(snap.id)
-        except Exception as exc:  # noqa: BLE001 - returned
-            return SandboxError(
-                f"the session's interpreter did not come back after the fork's snapshot ({exc}); "
-                f"what it held is kept in snapshot {snap.id}: start it again with Session.from_snapshot({snap.id!r})"
-            )
-        except BaseException as exc:  # noqa: BLE001 - an interrupt: raised as it is, the snapshot kept
-            return exc
-        return None
 
     @classmethod
     def from_snapshot(
@@ -812,119 +426,6 @@ class Session:
             session.delete()
             raise
         return session
-
-    def start_here(self, snapshot_id: str) -> None:
-        """A new session's workspace and interpreter from a snapshot on the host holding both."""
-        snapshots = self._local_snapshots()
-        snap = snapshots.get(snapshot_id)
-        on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
-        if on_host is None:
-            raise SandboxError("this backend keeps workspaces on other hosts: start it where it lives")
-        directory = snapshots.dir(snap.id)
-        copy_files(directory / "files", on_host)
-        with self._kernel.locked():
-            self._bring_back(directory, snap.kind)
-
-    def restore_here(self, snapshot_id: str) -> None:
-        """This session's interpreter back from its own memory snapshot (a fork's parent), on the
-        host holding it."""
-        with self._kernel.locked():
-            self._bring_back(self._local_snapshots().dir(snapshot_id), "memory")
-
-    def _keep(
-        self, directory: Path, *, keep_running: bool, files_only: bool = False, bring_back: bool = True
-    ) -> tuple[str, builtins.list[str]]:
-        """Write what the session has into ``directory``: its memory or state, and (for a
-        snapshot, ``keep_running``) a copy of its workspace's files; a checkpointed interpreter
-        is restored unless ``bring_back`` is False. Under the kernel's lock."""
-        on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
-        if on_host is None:
-            raise SandboxError("this backend keeps workspaces on other hosts: pause it where it lives")
-        kernel = self._kernel.running()
-        dropped: builtins.list[str] = []
-        memory = memory_backend(self._root.backend)
-        if kernel is None or files_only:
-            kind = "files"
-            if kernel is not None and not keep_running:
-                self._kernel.shutdown()
-        elif memory is not None and memory.checkpoint_problem(kernel) is None:
-            memory.checkpoint(kernel, directory / "memory")
-            self._kernel.forget()
-            kind = "memory"
-        else:
-            dropped = self._save_state(directory / "state.pkl", on_host)
-            kind = "state"
-            if not keep_running:
-                self._kernel.shutdown()
-        if keep_running:
-            copy_files(on_host, directory / "files")
-            if kind == "memory" and bring_back:
-                self._bring_back(directory, "memory")
-        return kind, dropped
-
-    def _save_state(self, dest: Path, on_host: Path) -> builtins.list[str]:
-        result = self._kernel.run(SAVE_STATE % f"{WORKSPACE}/{STATE_FILE}", 120, self.limits)
-        if result.error is not None:
-            with contextlib.suppress(OSError):
-                (on_host / STATE_FILE).unlink()
-            raise SandboxError(f"could not save the session's Python state: {result.error}")
-        take_file(on_host / STATE_FILE, dest)  # the sandbox's file: never a link followed on the host
-        try:
-            dropped = json.loads(result.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            dropped = None
-        if not isinstance(dropped, builtins.list) or not all(isinstance(n, str) for n in dropped):
-            raise SandboxError("the interpreter did not say which names it could not keep (was print replaced?)")
-        return dropped
-
-    def _bring_back(self, directory: Path, kind: str) -> None:
-        """Start this session's interpreter from what ``_keep`` wrote (under the kernel's lock)."""
-        if kind == "memory":
-            memory = memory_backend(self._root.backend)
-            if memory is None:
-                raise SandboxError("this backend cannot restore a memory snapshot")
-            self._kernel.adopt(
-                memory.restore(self._spec(kernel=True), directory / "memory", lifetime_seconds=self._record.ttl_seconds)
-            )
-        elif kind == "state":
-            on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
-            if on_host is None:
-                raise SandboxError("this backend keeps workspaces on other hosts")
-            uid, gid = (int(x) for x in self._record_owner().split(":"))
-            place_file(directory / "state.pkl", on_host / STATE_FILE, uid, gid)
-        else:
-            return
-        cell = LOAD_STATE % f"{WORKSPACE}/{STATE_FILE}" if kind == "state" else "None"
-        result = self._kernel.run(cell, 120, self.limits)  # the first cell: the interpreter is back
-        if result.error is not None or result.interpreter_restarted:
-            raise SandboxError(f"the session's interpreter did not come back: {result.error or result.stderr[-500:]}")
-
-    def _record_owner(self) -> str:
-        user = str(self.limits.user)
-        return user if ":" in user else f"{user}:{user}"
-
-    def _recover(self) -> None:
-        """A pause cut short by a killed process: promote a whole memory checkpoint whose
-        interpreter is gone (else the session would lose it), drop anything else half-made."""
-        if self._store.remote is not None:
-            return  # where it lives, as part of each call there
-        staged = self._home / f".{PAUSED}"
-        if staged.exists():
-            memory = memory_backend(self._root.backend)
-            whole = memory is not None and (staged / "memory").is_dir() and memory.checkpoint_whole(staged / "memory")
-            if whole and self._kernel.running() is None:
-                (staged / "kind").write_text("memory")
-                os.rename(staged, self._home / PAUSED)
-            else:
-                shutil.rmtree(staged, ignore_errors=True)
-        # A resume cut short after its interpreter started: a restored one (its holder restores on)
-        # is the session, running; a fresh one whose state was not loaded yet goes, to be resumed again.
-        kind = self.paused
-        if kind and self._kernel.running() is not None:
-            if kind == "memory":
-                shutil.rmtree(self._home / PAUSED, ignore_errors=True)
-            else:
-                self._kernel.shutdown()
 
     # -- end ---------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -979,42 +480,3 @@ def _relay(
             on_output(kind, data)
 
     return relay
-
-
-def _tar_directory(src: Path) -> bytes:
-    buf = io.BytesIO()
-    total = 0
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for path in sorted(src.rglob("*")):
-            if path.is_symlink():
-                continue
-            total += path.stat().st_size if path.is_file() else 0
-            if total > MAX_UPLOAD_BYTES:
-                raise TooLarge(f"{src} holds more than {MAX_UPLOAD_BYTES} bytes; upload less at a time")
-            tar.add(path, arcname=str(path.relative_to(src)), recursive=False)
-    return buf.getvalue()
-
-
-def _check_archive(data: bytes, limit: int) -> None:
-    """Refuse archive bombs before sending: sum the declared sizes, streaming, stop past the limit."""
-    total = 0
-    if data[:4] == b"PK\x03\x04":
-        import zipfile
-
-        try:
-            with zipfile.ZipFile(io.BytesIO(data)) as z:
-                for info in z.infolist():
-                    total += info.file_size
-                    if total > limit:
-                        raise TooLarge(f"archive expands to more than the workspace quota ({limit} bytes): refused")
-        except zipfile.BadZipFile as exc:
-            raise InvalidArgument(f"not a valid zip archive: {exc}") from None
-        return
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r|*") as tar:
-            for member in tar:
-                total += member.size
-                if total > limit:
-                    raise TooLarge(f"archive expands to more than the workspace quota ({limit} bytes): refused")
-    except tarfile.TarError as exc:
-        raise InvalidArgument(f"not a tar, tar.gz or zip archive: {exc}") from None

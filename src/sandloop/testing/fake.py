@@ -34,8 +34,8 @@ from typing import Any
 
 from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, SandboxError, SandboxLimits
 from sandloop.contract.egress import Secret
-from sandloop.images.recipe_hash import RECIPE_DIR
 from sandloop.paths import default_home
+from sandloop.recipe_hash import RECIPE_DIR
 from sandloop.runtime import protocol
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL, owner_labels

@@ -37,10 +37,25 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from sandloop.contract.egress import EgressAttempt, Secret, allows, is_hostname
+from sandloop.contract.egress import EgressAttempt, Secret, allows
 from sandloop.runtime.egress.authority import CertificateAuthority
+from sandloop.runtime.egress.wire import (  # noqa: F401 - HEAD_LIMIT, as tests read it here
+    HEAD_LIMIT,
+    PIPE_CHUNK,
+    Attempt,
+    BadRequest,
+    Refused,
+    authority_header,
+    body_length,
+    closing_head,
+    is_global_address,
+    parse_head,
+    pipe_bytes,
+    send_refusal,
+    tunnel_refusal,
+    tunnel_start,
+)
 from sandloop.runtime.labels import owner_id
 
 log = logging.getLogger(__name__)
@@ -58,10 +73,6 @@ MAX_CONNECTIONS = 64
 #: descriptors (before, 8 egress sandboxes holding their 64 each took a 1024-descriptor process
 #: down: every run then failed). ``raise_open_files`` lifts the servers' soft limit to the hard one.
 MAX_CONNECTIONS_TOTAL = 384
-#: A relay with no byte either way for this long is closed (a held connection costs descriptors).
-RELAY_IDLE_SECONDS = 300.0
-HEAD_LIMIT = 64 * 1024
-PIPE_CHUNK = 1 << 20
 CONNECT_TIMEOUT = 10.0
 
 Resolver = Callable[[str, int], list[str]]
@@ -103,29 +114,6 @@ def sandbox_env(relay: bool) -> dict[str, str]:
     }
 
 
-class Refused(Exception):
-    pass
-
-
-@dataclass
-class _Attempt:
-    """One attempt, updated while its connection lives (bytes), frozen on read."""
-
-    host: str
-    port: int
-    method: str
-    allowed: bool = True
-    note: str = ""
-    bytes_out: int = 0
-    bytes_in: int = 0
-
-    def frozen(self) -> EgressAttempt:
-        return EgressAttempt(**self.__dict__)
-
-    def add_note(self, note: str) -> None:
-        self.note = f"{self.note}; {note}" if self.note else note
-
-
 @dataclass
 class _Box:
     rules: tuple[str, ...]
@@ -133,14 +121,14 @@ class _Box:
     keep: bool = False
     server: asyncio.AbstractServer | None = None
     extra_servers: list[asyncio.AbstractServer] = field(default_factory=list)
-    attempts: list[_Attempt] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
     #: placeholder -> (variable name, secret), for the run in progress.
     secrets: dict[str, tuple[str, Secret]] = field(default_factory=dict)
     dropped: int = 0
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, attempt: _Attempt) -> None:
+    def record(self, attempt: Attempt) -> None:
         with self.lock:
             if len(self.attempts) < MAX_ATTEMPTS:
                 self.attempts.append(attempt)
@@ -271,7 +259,7 @@ class EgressProxy:
         return placeholders
 
     @staticmethod
-    def _body_scanner(box: _Box, attempt: _Attempt) -> Callable[[bytes], None] | None:
+    def _body_scanner(box: _Box, attempt: Attempt) -> Callable[[bytes], None] | None:
         """What looks through a request body the proxy can read: a secret's placeholder there is
         never replaced (only headers carry a value) and is said in the audit."""
         if not box.secrets:
@@ -303,7 +291,7 @@ class EgressProxy:
         for placeholder in placeholders.values():
             box.secrets.pop(placeholder, None)
 
-    def _with_secrets(self, box: _Box, attempt: _Attempt, head: bytes, *, tls: bool) -> bytes:
+    def _with_secrets(self, box: _Box, attempt: Attempt, head: bytes, *, tls: bool) -> bytes:
         """A request head with each placeholder replaced by its value, where this host is one of
         its secret's hosts, only in the value of one of the secret's headers, and only over TLS
         (or plain HTTP where the secret allows it). A placeholder sent to another host is left as
@@ -448,7 +436,7 @@ class EgressProxy:
         elif sum(len(b.tasks) for b in list(self._boxes.values())) >= MAX_CONNECTIONS_TOTAL:
             note = f"the proxy holds {MAX_CONNECTIONS_TOTAL} connections for all sandboxes: refused, retry later"
         if note is not None:
-            box.record(_Attempt("?", 0, "?", allowed=False, note=note))
+            box.record(Attempt("?", 0, "?", allowed=False, note=note))
             writer.close()
             return
         task = asyncio.ensure_future(self._serve(box, reader, writer))
@@ -457,22 +445,22 @@ class EgressProxy:
 
     async def _serve(self, box: _Box, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: asyncio.StreamWriter | None = None
-        attempt: _Attempt | None = None
+        attempt: Attempt | None = None
         try:
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
             except (asyncio.LimitOverrunError, ValueError):  # over HEAD_LIMIT: said, not dropped
                 note = f"the request head is over {HEAD_LIMIT // 1024} KiB"
-                box.record(_Attempt("?", 0, "?", allowed=False, note=note))
-                await _reply(writer, 431, note)
+                box.record(Attempt("?", 0, "?", allowed=False, note=note))
+                await send_refusal(writer, 431, note)
                 return
             try:
-                method, host, port, forward = _parse_head(head)
-            except _BadRequest as exc:
-                box.record(_Attempt("?", 0, "?", allowed=False, note=str(exc)))
-                await _reply(writer, 400, str(exc))
+                method, host, port, forward = parse_head(head)
+            except BadRequest as exc:
+                box.record(Attempt("?", 0, "?", allowed=False, note=str(exc)))
+                await send_refusal(writer, 400, str(exc))
                 return
-            attempt = _Attempt(host, port, method)
+            attempt = Attempt(host, port, method)
             box.record(attempt)
             if not allows(box.rules, host, port):
                 raise Refused(f"{host}:{port} is not on this sandbox's allowlist ({', '.join(box.rules)})")
@@ -486,11 +474,11 @@ class EgressProxy:
             if method == "CONNECT":
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 await writer.drain()
-                forward, hello, plain = await _tunnel_start(reader)
+                forward, hello, plain = await tunnel_start(reader)
                 if plain is not None:  # plain HTTP inside the tunnel: bound to its host as any
-                    forward = _closing(plain, host, port, default_port=80)
+                    forward = closing_head(plain, host, port, default_port=80)
                 else:
-                    refusal = _tunnel_refusal(host, hello)
+                    refusal = tunnel_refusal(host, hello)
                     if refusal:
                         attempt.allowed, attempt.note = False, refusal
                         return
@@ -501,19 +489,19 @@ class EgressProxy:
             except (TimeoutError, OSError) as exc:
                 attempt.note = f"could not connect to {host}:{port}: {exc or 'timed out'}"
                 if method != "CONNECT":
-                    await _reply(writer, 502, attempt.note)
+                    await send_refusal(writer, 502, attempt.note)
                 return
             upstream = up_writer
             head = self._with_secrets(box, attempt, forward, tls=False)
             # one HTTP request per connection: after its head and body nothing more of the client's
             # goes up (a second request on it would go unchecked and unaudited); TLS goes on as is
-            body = None if method == "CONNECT" and plain is None else _body_length(head)
+            body = None if method == "CONNECT" and plain is None else body_length(head)
             scan = self._body_scanner(box, attempt) if body is not None else None
-            await _relay(head, reader, writer, up_reader, up_writer, attempt, client_bytes=body, scan=scan)
+            await pipe_bytes(head, reader, writer, up_reader, up_writer, attempt, client_bytes=body, scan=scan)
         except Refused as exc:
             if attempt is not None:
                 attempt.allowed, attempt.note = False, str(exc)
-            await _reply(writer, 403, str(exc))
+            await send_refusal(writer, 403, str(exc))
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             pass
         finally:
@@ -525,7 +513,7 @@ class EgressProxy:
     async def _intercept(
         self,
         box: _Box,
-        attempt: _Attempt,
+        attempt: Attempt,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         address: tuple[str, int],
@@ -546,7 +534,7 @@ class EgressProxy:
             )
             return None
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-        head = self._with_secrets(box, attempt, _closing(head, host, attempt.port), tls=True)
+        head = self._with_secrets(box, attempt, closing_head(head, host, attempt.port), tls=True)
         client = ssl.create_default_context(cafile=self._upstream_ca)
         try:
             up_reader, up_writer = await asyncio.wait_for(
@@ -555,16 +543,16 @@ class EgressProxy:
             )
         except (TimeoutError, OSError) as exc:
             attempt.add_note(f"could not reach {host}:{attempt.port}: {exc}")
-            await _reply(writer, 502, f"could not reach {host}:{attempt.port}")
+            await send_refusal(writer, 502, f"could not reach {host}:{attempt.port}")
             return None
-        await _relay(
+        await pipe_bytes(
             head,
             reader,
             writer,
             up_reader,
             up_writer,
             attempt,
-            client_bytes=_body_length(head),
+            client_bytes=body_length(head),
             scan=self._body_scanner(box, attempt),
         )
         return up_writer
@@ -585,7 +573,7 @@ class EgressProxy:
             addresses = await loop.run_in_executor(None, self._resolve, host, port)
         except OSError as exc:
             raise Refused(f"{host} does not resolve: {exc}") from None
-        inward = [a for a in addresses if not _global(a) and not allows(box.rules, a, port)]
+        inward = [a for a in addresses if not is_global_address(a) and not allows(box.rules, a, port)]
         if inward:
             raise Refused(
                 f"{host} resolves to {inward[0]}, an inward address (loopback, private, link-local or "
@@ -594,10 +582,6 @@ class EgressProxy:
         if not addresses:
             raise Refused(f"{host} does not resolve")
         return addresses[0], port
-
-
-class _BadRequest(Exception):
-    pass
 
 
 _CLONE_NEWNET = 0x40000000
@@ -637,270 +621,6 @@ def _listener_in_netns(pid: int) -> socket.socket:
     if "error" in made:
         raise made["error"]  # type: ignore[misc]
     return made["socket"]  # type: ignore[return-value]
-
-
-def _global(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return bool(ip.is_global)
-
-
-_HOP_BY_HOP = ("proxy-authorization", "proxy-connection", "connection")
-
-
-def _checked_host(host: str) -> str:
-    """A request's host if it is a host name or an IP address (``a..allowed.test`` once escaped as
-    an unhandled error with an "allowed" audit entry and no reply)."""
-    try:
-        ipaddress.ip_address(host)
-        return host
-    except ValueError:
-        pass
-    if not is_hostname(host):
-        raise _BadRequest(f"{host[:100]!r} is not a host name")
-    return host
-
-
-def _tunnel_refusal(host: str, hello: bytes | None) -> str | None:
-    """Why a tunnel to ``host`` that starts with ``hello`` is refused, or None. Only TLS, and its
-    server name is the tunnel's host (none only for an IP address, where clients send none)."""
-    if hello is None:
-        return "the tunnel did not start with a TLS ClientHello or an HTTP request (only HTTP(S) goes through)"
-    sni = _sni(hello)
-    if sni is None:
-        try:
-            ipaddress.ip_address(host)
-            return None
-        except ValueError:
-            return f"the TLS ClientHello names no server (SNI) in a tunnel to {host!r}"
-    if sni.lower().rstrip(".") != host:
-        return f"the TLS server name {sni!r} does not match the tunnel's host {host!r}"
-    return None
-
-
-def _strict_lines(head: bytes) -> list[str]:
-    """A request head's lines, refusing a bare LF or CR: a server that ends lines at a bare LF
-    would see a header (a second ``Host``) that this proxy never checked."""
-    text = head.decode("latin-1")
-    if "\n" in text.replace("\r\n", "") or "\r" in text.replace("\r\n", ""):
-        raise _BadRequest("a request head may end its lines only with CRLF (a bare LF or CR was sent)")
-    return text.split("\r\n")
-
-
-def _authority(host: str, port: int, default_port: int) -> str:
-    name = f"[{host}]" if ":" in host else host
-    return name if port == default_port else f"{name}:{port}"
-
-
-def _bound(lines: list[str], request_line: str, host: str, port: int, default_port: int) -> bytes:
-    """The head to send upstream: hop-by-hop headers dropped, exactly one ``Host`` and it names the
-    host this request was allowed for (a virtual host or CDN serves whoever ``Host`` names), and a
-    request to close after its response (the next request on the connection would go unchecked)."""
-    kept = [line for line in lines if line and line.split(":", 1)[0].strip().lower() not in (*_HOP_BY_HOP, "host")]
-    out = [request_line, f"Host: {_authority(host, port, default_port)}", *kept, "Connection: close", "", ""]
-    return "\r\n".join(out).encode("latin-1")
-
-
-def _closing(head: bytes, host: str, port: int, default_port: int = 443) -> bytes:
-    """A request head read inside a tunnel, bound to the tunnel's host (see _bound); an absolute
-    URL naming another host is refused."""
-    lines = _strict_lines(head)
-    parts = lines[0].split(" ")
-    if len(parts) != 3:
-        raise _BadRequest(f"not an HTTP request: {lines[0][:100]!r}")
-    target = parts[1]
-    if "://" in target:
-        url = urlsplit(target)
-        if (url.hostname or "").lower().rstrip(".") != host or (url.port or default_port) != port:
-            raise Refused(f"the request names {url.hostname!r} inside a tunnel to {host!r}")
-        parts[1] = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    return _bound(lines[1:], " ".join(parts), host, port, default_port)
-
-
-def _parse_head(head: bytes) -> tuple[str, str, int, bytes]:
-    """(method, host, port, the bytes to send upstream) of a proxy request's head."""
-    lines = _strict_lines(head)
-    try:
-        method, target, version = lines[0].split(" ")
-    except ValueError:
-        raise _BadRequest(f"not an HTTP proxy request: {lines[0][:100]!r}") from None
-    if method == "CONNECT":
-        host, _, port = target.rpartition(":")
-        if not port.isdigit() or not host:
-            raise _BadRequest(f"CONNECT needs host:port, got {target[:100]!r}")
-        name = _checked_host(host.strip("[]").lower().rstrip("."))
-        if not 1 <= int(port) <= 65535:
-            raise _BadRequest(f"CONNECT needs a port from 1 to 65535, got {port[:10]!r}")
-        return method, name, int(port), b""
-    url = urlsplit(target)
-    if url.scheme != "http" or not url.hostname:
-        raise _BadRequest(
-            f"a proxy request needs an absolute http:// URL (use CONNECT, i.e. an https:// URL, for TLS), "
-            f"got {target[:100]!r}"
-        )
-    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    try:
-        number = url.port or 80
-    except ValueError:
-        raise _BadRequest(f"a bad port in {target[:100]!r}") from None
-    name = _checked_host(url.hostname.lower().rstrip("."))
-    return method, name, number, _bound(lines[1:], f"{method} {path} {version}", name, number, 80)
-
-
-#: The most of a ClientHello read before deciding (one is rarely over 2 KiB; post-quantum ~1.8 KiB).
-MAX_CLIENT_HELLO = 64 * 1024
-
-
-async def _tunnel_start(reader: asyncio.StreamReader) -> tuple[bytes, bytes | None, bytes | None]:
-    """(every byte read, the whole ClientHello handshake message or None, a plain HTTP request
-    head or None) of a tunnel's first bytes. The hello is reassembled across TLS records: split
-    over two, its server name was once in the second, which the proxy did not read (issue 27
-    #2). A tunnel may instead start with a plain HTTP request (Node's fetch tunnels http:// URLs
-    too): its head is read whole, for the caller to check like any plain request."""
-    header = await asyncio.wait_for(reader.readexactly(5), 30)
-    if header[0] != 0x16:
-        method = header.split(b" ", 1)[0]
-        if method.isalpha() and method.isupper():  # an HTTP method (GET, POST, OPTIONS...) begins it
-            rest = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)  # at most HEAD_LIMIT
-            return header + rest, None, header + rest
-        return header, None, None
-    raw = hello = b""
-    while True:
-        raw += header
-        length = int.from_bytes(header[3:5], "big")
-        if header[0] != 0x16 or not 0 < length <= (1 << 14):
-            return raw, None, None
-        body = await asyncio.wait_for(reader.readexactly(length), 30)
-        raw, hello = raw + body, hello + body
-        if len(hello) >= 4:
-            if hello[0] != 0x01:  # not a ClientHello
-                return raw, None, None
-            need = 4 + int.from_bytes(hello[1:4], "big")
-            if need > MAX_CLIENT_HELLO:
-                return raw, None, None
-            if len(hello) >= need:
-                return raw, hello[:need], None
-        header = await asyncio.wait_for(reader.readexactly(5), 30)
-
-
-def _sni(hello: bytes) -> str | None:
-    """The server name of a ClientHello handshake message, or None (none, or unreadable)."""
-    try:
-        i = 4 + 2 + 32  # handshake header, version, random
-        i += 1 + hello[i]  # session id
-        i += 2 + int.from_bytes(hello[i : i + 2], "big")  # cipher suites
-        i += 1 + hello[i]  # compression methods
-        end = i + 2 + int.from_bytes(hello[i : i + 2], "big")
-        i += 2
-        while i + 4 <= end:
-            kind, size = int.from_bytes(hello[i : i + 2], "big"), int.from_bytes(hello[i + 2 : i + 4], "big")
-            if kind == 0:  # server_name: list length, name type, name length, name
-                n = int.from_bytes(hello[i + 7 : i + 9], "big")
-                return hello[i + 9 : i + 9 + n].decode("ascii")
-            i += 4 + size
-    except (IndexError, UnicodeDecodeError):
-        return None
-    return None
-
-
-async def _relay(
-    first: bytes,
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
-    attempt: _Attempt,
-    client_bytes: int | None = None,
-    scan: Callable[[bytes], None] | None = None,
-) -> None:
-    """Send ``first`` upstream, then copy both ways until both sides are done, counting bytes
-    (``client_bytes``: at most that many more of the client's, a request's body, which ``scan``
-    sees on its way)."""
-    up_writer.write(first)
-    attempt.bytes_out += len(first)
-    activity = [asyncio.get_running_loop().time()]  # the last byte either way
-    await asyncio.gather(
-        _pipe(reader, up_writer, attempt, "bytes_out", activity, client_bytes, scan),
-        _pipe(up_reader, writer, attempt, "bytes_in", activity),
-        return_exceptions=True,
-    )
-
-
-def _body_length(head: bytes) -> int:
-    """The body a request head announces (0 without one). A chunked body is refused: a request
-    needs its length, so that nothing after it goes up unchecked."""
-    length = 0
-    for line in head.decode("latin-1").split("\r\n")[1:]:
-        name, _, value = line.partition(":")
-        name = name.strip().lower()
-        if name == "transfer-encoding":
-            raise Refused("a request with a chunked body: send its Content-Length (one request per connection)")
-        if name == "content-length":
-            if not value.strip().isdigit():
-                raise Refused(f"Content-Length {value.strip()[:20]!r} is not a number of bytes")
-            length = int(value.strip())
-    return length
-
-
-async def _pipe(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    attempt: _Attempt,
-    count: str,
-    activity: list[float],
-    limit: int | None = None,
-    scan: Callable[[bytes], None] | None = None,
-) -> None:
-    # Big reads and a deep write buffer: per-chunk overhead, not bandwidth, is what a Python copy
-    # pays (measured: 64 KiB chunks nearly doubled a 1 MB transfer's time).
-    writer.transport.set_write_buffer_limits(high=PIPE_CHUNK * 4)
-    loop = asyncio.get_running_loop()
-    check = min(30.0, RELAY_IDLE_SECONDS)
-    said = False
-    try:
-        while True:
-            want = PIPE_CHUNK if limit is None or limit <= 0 else min(PIPE_CHUNK, limit)
-            try:
-                data = await asyncio.wait_for(reader.read(want), check)
-            except TimeoutError:
-                if loop.time() - activity[0] >= RELAY_IDLE_SECONDS:  # quiet both ways: let it go
-                    attempt.add_note(f"closed after {RELAY_IDLE_SECONDS:g} s without a byte either way")
-                    return
-                continue
-            if not data:
-                return
-            activity[0] = loop.time()
-            if limit is not None:
-                if limit <= 0:  # past the request: read and dropped (no half-close, which some
-                    if not said:  # servers take for the client leaving and abort the answer)
-                        attempt.add_note("bytes after the request were not sent (one request per connection)")
-                        said = True
-                    continue
-                limit -= len(data)
-            if scan is not None:
-                scan(data)
-            writer.write(data)
-            setattr(attempt, count, getattr(attempt, count) + len(data))
-            await writer.drain()
-    finally:
-        with contextlib.suppress(Exception):
-            if writer.can_write_eof():
-                writer.write_eof()
-            else:
-                writer.close()
-
-
-async def _reply(writer: asyncio.StreamWriter, status: int, message: str) -> None:
-    reason = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large", 502: "Bad Gateway"}[status]
-    body = f"sandloop egress: {message}\n".encode()
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    with contextlib.suppress(Exception):
-        writer.write(head.encode() + body)
-        await writer.drain()
 
 
 def raise_open_files() -> int:

@@ -28,7 +28,6 @@ Docker (networks, egress, templates, Docker's built-in seccomp profile) is refus
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import hashlib
@@ -36,16 +35,14 @@ import importlib.metadata
 import json
 import logging
 import os
-import queue
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -54,30 +51,37 @@ from sandloop.contract import CellResult, EngineUnavailable, ExecutionResult, Ho
 from sandloop.contract.egress import Secret
 from sandloop.runtime import pagecache, protocol
 from sandloop.runtime.base import NO_DOCKER, BackendInfo, ImageBuilder, Owned, RunRequest, SandboxSpec, WorkspaceRef
-from sandloop.runtime.cgroup import make_v1, memory_oom_kills
+from sandloop.runtime.cgroup import memory_oom_kills
 from sandloop.runtime.docker import DockerBackend, LiveSandbox
-from sandloop.runtime.labels import LABEL_PREFIX, OWNER_LABEL, owner_alive, owner_labels
 from sandloop.runtime.oci import bwrap
+from sandloop.runtime.oci.bundle import (
+    BWRAP,
+    CGROUP_PARENT,
+    DIRECT_RUNTIMES,
+    HOST_TMP,
+    SUBREAPER,
+    DirectSandbox,
+    kill,
+    list_bundles,
+    new_config,
+    own_memory_cgroup,
+    raise_if_runtime_failed,
+    remove_tree,
+    send_payload,
+    start_on_pipes,
+)
 from sandloop.runtime.oci.config import (
     Templates,
     binds_host_tmp,
     derived,
     docker_bundle_config,
     parity_problems,
-    render,
 )
 from sandloop.runtime.oci.generate import docker_config
-from sandloop.runtime.oci.kernels import (
-    DirectKernel,
-    DirectKernels,
-    checkpoint_whole,
-    holder_pid,
-    is_kernel_spec,
-    wait_for_holder,
-)
+from sandloop.runtime.oci.kernels import DirectKernel, DirectKernels, checkpoint_whole, is_kernel_spec
 from sandloop.runtime.oci.store import RootfsStore
-from sandloop.runtime.oci.stream import PipeChannel
-from sandloop.runtime.tmpfs import mount_host_tmpfs, unmount_host_tmpfs
+from sandloop.runtime.oci.teardown import Teardowns
+from sandloop.runtime.tmpfs import mount_host_tmpfs
 
 log = logging.getLogger(__name__)
 
@@ -100,77 +104,6 @@ NO_ENGINE_HINT = (
 )
 #: The arguments runsc gets without an engine (scripts/engine-up.sh registers it with Docker so).
 RUNSC_ARGS = ("--platform=ptrace", "--network=none")
-
-RUNTIME_LABEL = f"{LABEL_PREFIX}oci.runtime"
-#: The runtimes this backend starts itself (others go to Docker).
-DIRECT_RUNTIMES = ("runc", "runsc")
-SUBREAPER = str(Path(__file__).with_name("subreaper.py"))
-#: Where the direct sandboxes' cgroups go (Docker's go under /docker).
-CGROUP_PARENT = "sandloop"
-_INLINE_PAYLOAD = 64 * 1024
-
-
-@dataclass(eq=False)
-class DirectSandbox:
-    id: str
-    proc: subprocess.Popen[bytes]
-    channel: PipeChannel
-    stdin_fd: int
-    spec: SandboxSpec
-    started_at: float
-    runtime: str
-    bundle: Path
-    used: bool = False
-    destroyed: bool = False
-    destroyed_at: float = 0.0
-    writer: threading.Thread | None = None
-
-
-def _cgroup_dirs(sandbox_id: str) -> list[Path]:
-    base = Path("/sys/fs/cgroup")
-    if not base.is_dir():
-        return []
-    return [p for p in (c / CGROUP_PARENT / sandbox_id for c in base.iterdir()) if p.is_dir()]
-
-
-#: The host tmpfs that is a runsc (or bwrap) sandbox's /tmp, inside its bundle (runtime/tmpfs.py),
-#: and a bwrap sandbox's /dev/shm.
-HOST_TMP, HOST_SHM = "tmp", "shm"
-#: ``DirectSandbox.runtime`` of a runc-class sandbox bubblewrap started (bwrap.py).
-BWRAP = "bwrap"
-
-
-def _remove_cgroup(directory: Path, attempts: int, wait: float) -> bool:
-    """rmdir a cgroup, retrying while it still has tasks; True once it is gone."""
-    for _ in range(attempts):
-        try:
-            directory.rmdir()
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:
-            time.sleep(wait)
-    return False
-
-
-def _bundle_labels(bundle: Path) -> dict[str, str] | None:
-    """A bundle's labels (its config's annotations), or None when its config cannot be read."""
-    try:
-        return json.loads((bundle / "config.json").read_text()).get("annotations") or {}
-    except (OSError, ValueError):
-        return None
-
-
-def _remove_tree(path: Path) -> None:
-    """rmtree that also survives a file appearing meanwhile (the runtime's last log line); a
-    bundle's host tmpfs mounts are detached first (rmtree would only empty them)."""
-    unmount_host_tmpfs(path / HOST_TMP)
-    unmount_host_tmpfs(path / HOST_SHM)
-    for _ in range(3):
-        shutil.rmtree(path, ignore_errors=True)
-        if not path.exists():
-            return
-        time.sleep(0.01)
 
 
 class OCIBackend:
@@ -216,21 +149,11 @@ class OCIBackend:
         self._check_lock = threading.Lock()
         self._runtimes: dict[str, list[str]] = {}
         self._spec_problems: dict[SandboxSpec, str] = {}
-        self._teardowns: queue.Queue[DirectSandbox | Callable[[], object] | None] = queue.Queue()
-        self._pending = 0
-        self._swept = False
-        self._pending_lock = threading.Condition()
-        #: Sandboxes handed to a teardown thread: no longer ``owned()`` (ours to remove, not the
-        #: reaper's; if this process dies first, their bundles are listed again).
-        self._dying: set[str] = set()
+        # how to call a runtime, as the host check found it (not runtime_argv: the check's own
+        # garbage collection deletes through this)
+        self.teardowns = Teardowns(state, lambda name: list(self._runtimes.get(name, [name])), teardown_threads)
         #: How long the last teardowns took, from ``destroy`` to nothing left (benchmarks).
-        self.teardown_seconds: collections.deque[float] = collections.deque(maxlen=1000)
-        self._workers = [
-            threading.Thread(target=self._teardown_loop, name="sandloop-oci-teardown", daemon=True)
-            for _ in range(teardown_threads)
-        ]
-        for worker in self._workers:
-            worker.start()
+        self.teardown_seconds = self.teardowns.teardown_seconds
 
     # -- parity ------------------------------------------------------------------------------
     def host_problem(self) -> str | None:
@@ -246,41 +169,9 @@ class OCIBackend:
             return self._problem
 
     def collect_garbage(self) -> list[str]:
-        """At start-up: remove exported stores whose image is gone (unless a bundle still uses
-        them), bundles a crash left half-written or half-removed (no config), and empty cgroups of
-        sandboxes that have no bundle any more (a teardown cut short at exit). Only what is older
-        than a minute: never a sandbox being made. Returns what went. Never raises."""
-        removed: list[str] = []
-        try:
-            bundles = self.state / "bundles"
-            in_use, known = set(), set()
-            now = time.time()
-            for bundle in bundles.iterdir() if bundles.is_dir() else []:
-                old = now - bundle.stat().st_mtime > 60
-                try:
-                    config = json.loads((bundle / "config.json").read_text())
-                except (OSError, ValueError):
-                    config = None
-                if config is None and old:
-                    sandbox_id = bundle.name.lstrip(".")
-                    for runtime in DIRECT_RUNTIMES:
-                        self._delete(sandbox_id, runtime)
-                    _remove_tree(bundle)
-                    removed.append(bundle.name)
-                    continue
-                known.add(bundle.name)
-                if config is not None:
-                    with contextlib.suppress(KeyError, TypeError):
-                        in_use.add(Path(config["root"]["path"]))
-            for directory in Path("/sys/fs/cgroup").glob(f"*/{CGROUP_PARENT}/sandloop-*"):
-                if directory.name not in known and now - directory.stat().st_mtime > 60:
-                    with contextlib.suppress(OSError):  # one with tasks in it is not ours to remove
-                        directory.rmdir()
-                        removed.append(str(directory))
-            removed += self.store.gc(in_use)
-        except Exception as exc:  # noqa: BLE001 - housekeeping must not stop runs
-            log.warning("could not collect the direct backend's garbage: %s", exc)
-        return removed
+        """At start-up: exported stores whose image is gone, bundles a crash left half-made,
+        empty cgroups of sandboxes with no bundle (``Teardowns.collect_garbage``)."""
+        return self.teardowns.collect_garbage(self.store.gc)
 
     def _check_host(self) -> str | None:
         if os.geteuid() != 0:
@@ -433,8 +324,7 @@ class OCIBackend:
 
     def close(self) -> None:
         self.drain(30)
-        for _ in self._workers:
-            self._teardowns.put(None)
+        self.teardowns.close()
         if self.engine:
             self.docker.close()
 
@@ -465,7 +355,7 @@ class OCIBackend:
                 log.warning("running through Docker until the store can be exported: %s", exc)
             return self.docker.launch(spec, purpose=purpose, lifetime_seconds=lifetime_seconds)
         self._prefetch(rootfs)
-        self._sweep_once()
+        self.teardowns.sweep_once()
         template = self.templates.get(replace(spec, volumes=()))
         runtime: str = spec.limits.runtime
         # a workspace bound in (a session's run without an engine) is a mount bwrap's translation
@@ -490,7 +380,7 @@ class OCIBackend:
             try:
                 mount_host_tmpfs(host_tmp, spec.limits)
             except BaseException:
-                _remove_tree(bundle)
+                remove_tree(bundle)
                 raise
         argv = [
             *self._runtimes[runtime],
@@ -510,16 +400,16 @@ class OCIBackend:
         ]
         if runtime == "runsc":
             try:
-                self.own_memory_cgroup(sandbox_id, config)
+                own_memory_cgroup(sandbox_id, config)
             except BaseException:
-                _remove_tree(bundle)
+                remove_tree(bundle)
                 raise
             argv = [sys.executable, "-S", "-E", SUBREAPER, *argv]
 
         def start(stdio: tuple[int, int, int]) -> subprocess.Popen[bytes]:
             return subprocess.Popen(argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], start_new_session=True)
 
-        return self._start_on_pipes(start, sandbox_id, spec, runtime, bundle)
+        return start_on_pipes(start, sandbox_id, spec, runtime, bundle)
 
     def new_config(
         self,
@@ -530,19 +420,12 @@ class OCIBackend:
         lifetime_seconds: float,
         runtime: str,
     ) -> tuple[str, Path, dict[str, Any]]:
-        """A new sandbox's id, bundle path (not yet made) and config: Docker's, per-run fields filled."""
-        sandbox_id = f"sandloop-{uuid.uuid4().hex[:20]}"
-        labels = {**owner_labels(purpose, lifetime_seconds), **dict(spec.labels), RUNTIME_LABEL: runtime}
-        bundle = self.state / "bundles" / sandbox_id
-        config = render(
-            template,
-            rootfs=rootfs,
-            hostname_file=self.hostname_file(),
-            cgroups_path=f"/{CGROUP_PARENT}/{sandbox_id}",
-            annotations=labels,
-            host_tmp=bundle / HOST_TMP if binds_host_tmp(template) else None,
-        )
-        return sandbox_id, bundle, config
+        """A new sandbox's id, bundle path (not yet made) and config (``bundle.new_config``)."""
+        return new_config(self.state, self.hostname_file(), template, rootfs, spec, purpose, lifetime_seconds, runtime)
+
+    @staticmethod
+    def own_memory_cgroup(sandbox_id: str, config: dict[str, Any]) -> None:
+        own_memory_cgroup(sandbox_id, config)
 
     def runtime_argv(self, runtime: str) -> list[str]:
         """How to call ``runtime`` (its path and the arguments the engine registered it with)."""
@@ -580,43 +463,7 @@ class OCIBackend:
                 exec_as=bwrap.exec_helper(self.helpers),
             )
 
-        return self._start_on_pipes(start, sandbox_id, spec, BWRAP, bundle)
-
-    @staticmethod
-    def _start_on_pipes(
-        start: Callable[[tuple[int, int, int]], subprocess.Popen[bytes]],
-        sandbox_id: str,
-        spec: SandboxSpec,
-        runtime: str,
-        bundle: Path,
-    ) -> DirectSandbox:
-        """``start((stdin, stdout, stderr))``: the sandbox's process on the launcher's three pipes,
-        whose child ends are closed once it has them. On any failure every pipe is closed and the
-        bundle removed; a ``SandboxError`` gains what the process said on stderr (bwrap's own
-        words), an ``OSError`` (the runtime would not start) becomes one."""
-        in_r, in_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            proc = start((in_r, out_w, err_w))
-        except BaseException as exc:
-            os.close(err_w)
-            said = b""
-            if isinstance(exc, SandboxError):
-                os.set_blocking(err_r, False)
-                with contextlib.suppress(OSError):
-                    said = os.read(err_r, 4096)
-            for fd in (in_r, in_w, out_r, out_w, err_r):
-                os.close(fd)
-            _remove_tree(bundle)
-            if isinstance(exc, OSError):
-                raise SandboxError(f"could not start {runtime}: {exc}") from exc
-            if said:
-                raise SandboxError(f"{exc}: {said.decode(errors='replace').strip()}") from exc
-            raise
-        for fd in (in_r, out_w, err_w):
-            os.close(fd)
-        return DirectSandbox(sandbox_id, proc, PipeChannel(out_r, err_r), in_w, spec, time.monotonic(), runtime, bundle)
+        return start_on_pipes(start, sandbox_id, spec, BWRAP, bundle)
 
     @staticmethod
     def _prefetch(rootfs: Path, *, wait: bool = False, force: bool = False) -> None:
@@ -632,15 +479,6 @@ class OCIBackend:
         if self.host_problem() is None:
             with contextlib.suppress(HostDiskFull):  # then runs go through Docker (see launch)
                 self._prefetch(self.store.rootfs(image), wait=wait, force=force)
-
-    @staticmethod
-    def own_memory_cgroup(sandbox_id: str, config: dict[str, Any]) -> None:
-        """runsc, unlike runc, has no ``--keep``: it removes the cgroups it made when the sandbox
-        exits, and with them the ``oom_kill`` counter. So the memory cgroup is made here, with the
-        limits of Docker's config, before runsc starts: runsc joins a cgroup that exists without
-        touching its settings (hence the read-back: a memory cgroup without its limit must never
-        run code) and leaves it for ``_forget_stopped`` to read and remove."""
-        make_v1(CGROUP_PARENT, sandbox_id, config["linux"].get("resources") or {}, ("memory",))
 
     def is_alive(self, sandbox: DirectSandbox | LiveSandbox) -> bool:
         if isinstance(sandbox, LiveSandbox):
@@ -658,11 +496,11 @@ class OCIBackend:
         started = time.monotonic() if started is None else started
 
         def send(payload: bytes) -> None:
-            sandbox.writer = self._send(sandbox, payload)
+            sandbox.writer = send_payload(sandbox, payload)
 
         def stop() -> None:
             sandbox.channel.close()
-            self._kill(sandbox)
+            kill(sandbox)
 
         return protocol.run_program(
             sandbox.channel,
@@ -678,7 +516,7 @@ class OCIBackend:
         try:
             code = sandbox.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self._kill(sandbox)
+            kill(sandbox)
             code = sandbox.proc.wait(timeout=10)
         if reported is None and code < 0:
             raise SandboxError(
@@ -686,58 +524,12 @@ class OCIBackend:
                 "finished; nothing ran to completion: run it again"
             )
         if reported is None and code != 0:
-            self._raise_if_runtime_failed(sandbox)
+            raise_if_runtime_failed(sandbox)
         if reported is not None:
             code = reported
         # ``--keep`` keeps the cgroup until ``runc delete``: its counter says whether the kernel's
         # OOM killer fired in this sandbox (a program's own SIGKILL or exit(137) does not count).
         return code, code != 0 and memory_oom_kills(f"{CGROUP_PARENT}/{sandbox.id}") > 0
-
-    @staticmethod
-    def _raise_if_runtime_failed(sandbox: DirectSandbox) -> None:
-        """runc writes its own failures (not the program's) to the log in the bundle."""
-        try:
-            lines = (sandbox.bundle / "runtime.log").read_text().splitlines()
-        except OSError:
-            return
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if entry.get("level") in ("error", "fatal"):
-                    raise SandboxError(f"{sandbox.runtime} could not start the sandbox: {entry.get('msg')}")
-
-    @staticmethod
-    def _send(sandbox: DirectSandbox, payload: bytes) -> threading.Thread | None:
-        def write() -> None:
-            fd, sandbox.stdin_fd = sandbox.stdin_fd, -1
-            try:
-                view = memoryview(payload)
-                while view:
-                    view = view[os.write(fd, view) :]
-            except OSError:
-                pass  # the sandbox exited or was killed before reading everything
-            finally:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-
-        if len(payload) <= _INLINE_PAYLOAD:
-            write()
-            return None
-        thread = threading.Thread(target=write, name="sandloop-stdin", daemon=True)
-        thread.start()
-        return thread
-
-    def _kill(self, sandbox: DirectSandbox) -> None:
-        """SIGKILL the container's PID 1 (the kernel then kills the whole PID namespace)."""
-        self._kill_pid_file(sandbox.bundle, sandbox.id)
-
-    @staticmethod
-    def _kill_pid_file(bundle: Path, sandbox_id: str) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            pid = int((bundle / "pid").read_text())
-            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
-            if sandbox_id in cgroup:  # never a reused pid
-                os.kill(pid, signal.SIGKILL)
 
     # -- sessions: through Docker ---------------------------------------------------------------
     def run_cell(
@@ -816,131 +608,19 @@ class OCIBackend:
         if isinstance(sandbox, LiveSandbox):
             self.docker.destroy(sandbox)
             return
-        sandbox.channel.close()
-        if sandbox.stdin_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(sandbox.stdin_fd)
-            sandbox.stdin_fd = -1
-        with self._pending_lock:
-            if sandbox.destroyed:
-                return  # destroy is idempotent
-            sandbox.destroyed = True
-            sandbox.destroyed_at = time.monotonic()
-            self._dying.add(sandbox.id)
-            self._pending += 1
-        self._teardowns.put(sandbox)
-
-    def _teardown_loop(self) -> None:
-        while True:
-            sandbox = self._teardowns.get()
-            if sandbox is None:
-                return
-            try:
-                if callable(sandbox):
-                    sandbox()
-                else:
-                    self._teardown(sandbox)
-                    self.teardown_seconds.append(time.monotonic() - sandbox.destroyed_at)
-            except Exception as exc:  # noqa: BLE001 - a teardown thread must survive
-                log.warning("could not tear down %s: %s (the reaper will)", getattr(sandbox, "id", sandbox), exc)
-            finally:
-                with self._pending_lock:
-                    self._pending -= 1
-                    if not callable(sandbox):
-                        self._dying.discard(sandbox.id)
-                    self._pending_lock.notify_all()
-
-    def _sweep_once(self) -> None:
-        """At this process's first direct launch, hand the teardown thread a sweep of what killed
-        processes of this host left in the store (``sweep_dead_owners``): a SIGKILLed ``sandloop
-        run`` left its bundle, cgroups and tmpfs mounts (its processes died with it) until ``sandloop
-        reap`` or a server's reaper. Off the request path; ``drain``/``close`` wait for it."""
-        with self._pending_lock:
-            if self._swept:
-                return
-            self._swept = True
-            self._pending += 1
-        self._teardowns.put(self.sweep_dead_owners)
+        self.teardowns.hand_over(sandbox)
 
     def sweep_dead_owners(self) -> int:
-        """Remove the direct sandboxes whose owner process on this host is gone (the reaper's
-        "owner gone", nothing else: a session's interpreter is owned by its session, another
-        host's by a process this one cannot see), and the half-made bundles (``.ID``, killed
-        between writing the config and starting) of such owners. Returns how many."""
-        n = 0
-        for item in self._bundles():
-            if owner_alive(item.labels.get(OWNER_LABEL, "")) is False and self.remove(item) is None:
-                n += 1
-        directory = self.state / "bundles"
-        for half in directory.glob(".*") if directory.is_dir() else ():
-            labels = _bundle_labels(half)  # None: being written, its owner alive and mid-launch
-            if labels is not None and owner_alive(labels.get(OWNER_LABEL, "")) is False:
-                _remove_tree(half)
-                n += 1
-        return n
-
-    def _teardown(self, sandbox: DirectSandbox) -> None:
-        if sandbox.writer is not None:
-            sandbox.writer.join(5)
-        if sandbox.proc.poll() is None:
-            self._kill(sandbox)
-            try:
-                sandbox.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                sandbox.proc.kill()
-                sandbox.proc.wait(timeout=10)
-        if sandbox.proc.returncode is not None and sandbox.proc.returncode >= 0 and self._forget_stopped(sandbox):
-            return
-        self._delete(sandbox.id, sandbox.runtime)
-
-    def _forget_stopped(self, sandbox: DirectSandbox) -> bool:
-        """What ``runc delete`` does for a stopped container (its PID 1 is dead, so is every process
-        of its PID namespace): remove the empty cgroups and the state directory. Done here it costs
-        no process start (a ``runc delete`` is ~3-8 ms of CPU per run). False: use ``runc delete``."""
-        for directory in _cgroup_dirs(sandbox.id):
-            if not _remove_cgroup(directory, 40, 0.005):  # its last processes may still be exiting
-                return False
-        shutil.rmtree(self.state / "runtime" / sandbox.runtime / sandbox.id, ignore_errors=True)
-        _remove_tree(sandbox.bundle)
-        return True
+        """Remove what dead owner processes of this host left (``Teardowns.sweep_dead_owners``)."""
+        return self.teardowns.sweep_dead_owners()
 
     def delete_direct(self, sandbox_id: str, runtime: str) -> None:
         """Remove a direct sandbox by id: its processes, runtime state, cgroups and bundle."""
-        self._delete(sandbox_id, runtime)
-
-    def _delete(self, sandbox_id: str, runtime: str) -> None:
-        holder = holder_pid(self.state / "bundles" / sandbox_id)  # a session interpreter's (kernels.py)
-        if runtime == BWRAP:  # no runtime state: its processes (by its pid file), cgroups, bundle
-            self._kill_pid_file(self.state / "bundles" / sandbox_id, sandbox_id)
-            for _ in range(200):
-                if not any((d / "cgroup.procs").read_text().strip() for d in _cgroup_dirs(sandbox_id)):
-                    break
-                time.sleep(0.01)
-        else:
-            root = self.state / "runtime" / runtime
-            if holder:  # a held interpreter: its own `runsc run` cleans up once its sandbox is killed
-                self._kill_pid_file(self.state / "bundles" / sandbox_id, sandbox_id)
-                wait_for_holder(holder)  # (a `runsc delete` racing it waited ~5 s)
-            if not holder or runtime == "runc" or any(root.glob(f"{sandbox_id}_*")):
-                argv = self._runtimes.get(runtime, [runtime])
-                subprocess.run(
-                    [*argv, "--root", str(root), "delete", "--force", sandbox_id], capture_output=True, timeout=30
-                )
-        wait_for_holder(holder)
-        for directory in _cgroup_dirs(sandbox_id):  # runc removes them; this is for a crash
-            _remove_cgroup(directory, 100, 0.01)  # (and runsc's memory cgroup, once its processes exit)
-        _remove_tree(self.state / "bundles" / sandbox_id)
+        self.teardowns.delete(sandbox_id, runtime)
 
     def drain(self, timeout: float) -> bool:
         """Wait until every handed-over teardown is done (at shutdown)."""
-        deadline = time.monotonic() + timeout
-        with self._pending_lock:
-            while self._pending:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._pending_lock.wait(remaining)
-        return True
+        return self.teardowns.drain(timeout)
 
     @functools.cache  # noqa: B019 - one per backend, lives as long as it
     def hostname_file(self) -> Path:
@@ -969,36 +649,20 @@ class OCIBackend:
     # -- housekeeping --------------------------------------------------------------------------
     def direct_bundles(self) -> list[Owned]:
         """The direct sandboxes (and session interpreters) on this host, with their labels."""
-        return self._bundles()
-
-    def _bundles(self) -> list[Owned]:
-        out: list[Owned] = []
-        directory = self.state / "bundles"
-        if not directory.is_dir():
-            return out
-        for bundle in directory.iterdir():
-            if bundle.name.startswith(".") or bundle.name in self._dying:
-                continue
-            out.append(Owned("sandbox", bundle.name, _bundle_labels(bundle) or {}))
-        return out
+        return list_bundles(self.state, self.teardowns.dying)
 
     def owned(self) -> list[Owned]:
-        return (self.docker.owned() if self.engine else []) + self._bundles()
+        return (self.docker.owned() if self.engine else []) + self.direct_bundles()
 
     def remove(self, item: Owned) -> str | None:
         if item.kind == "sandbox" and (self.state / "bundles" / item.id).is_dir():
             self.host_problem()  # knows the runtimes' paths
-            try:
-                self._delete(item.id, item.labels.get(RUNTIME_LABEL, "runc"))
-            except Exception as exc:  # noqa: BLE001 - reaping is best effort
-                log.warning("could not remove %s: %s", item.id, exc)
-                return str(exc)
-            return None
+            return self.teardowns.remove(item)
         return self.docker.remove(item) if self.engine else None
 
     def remove_labelled(self, label: str, value: str) -> int:
         n = self.docker.remove_labelled(label, value) if self.engine else 0
-        for item in self._bundles():
+        for item in self.direct_bundles():
             if item.labels.get(label) == value:
                 self.remove(item)
                 n += 1
@@ -1008,9 +672,7 @@ class OCIBackend:
         # Teardowns still queued or running count as pending removals: a dispatcher's close (also
         # at interpreter exit) and settle() wait for them, so a short-lived process (the CLI)
         # leaves no stopped state, cgroup or bundle behind.
-        with self._pending_lock:
-            pending = self._pending
-        return (self.docker.retry_removals() if self.engine else 0) + pending
+        return (self.docker.retry_removals() if self.engine else 0) + self.teardowns.pending
 
     def sweep_orphans(self, min_age: float | None = None) -> int:
         # Direct sandboxes need no engine, so no outage orphans them: the engine's containers only.

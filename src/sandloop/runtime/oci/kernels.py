@@ -29,9 +29,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandloop.contract import SandboxError, SnapshotIncompatible
 from sandloop.paths import tree_size
@@ -44,7 +45,39 @@ from sandloop.runtime.oci.shim import NOT_YET, QUOTA_AFTER, apply_pending_quota
 from sandloop.runtime.tmpfs import mount_host_tmpfs
 
 if TYPE_CHECKING:
-    from sandloop.runtime.oci.backend import OCIBackend
+    from sandloop.runtime.base import Owned, WorkspaceRef
+    from sandloop.runtime.oci.config import Templates
+    from sandloop.runtime.oci.store import RootfsStore
+
+
+class DirectHost(Protocol):
+    """What the interpreters need of the backend that starts them (``backend.OCIBackend``)."""
+
+    state: Path
+    store: RootfsStore
+    templates: Templates
+    cgroup_parent: str
+
+    def runtime_argv(self, runtime: str) -> list[str]: ...
+
+    def workspace_on_host(self, session_id: str, ref: WorkspaceRef) -> Path | None: ...
+
+    def new_config(
+        self,
+        template: Mapping[str, Any],
+        rootfs: Path,
+        spec: SandboxSpec,
+        purpose: str,
+        lifetime_seconds: float,
+        runtime: str,
+    ) -> tuple[str, Path, dict[str, Any]]: ...
+
+    def own_memory_cgroup(self, sandbox_id: str, config: dict[str, Any]) -> None: ...
+
+    def delete_direct(self, sandbox_id: str, runtime: str) -> None: ...
+
+    def direct_bundles(self) -> list[Owned]: ...
+
 
 SHIM = str(Path(__file__).with_name("shim.py"))
 SOCKET = "attach.sock"
@@ -90,7 +123,7 @@ def _machine_facts() -> dict[str, str]:
 class DirectKernels:
     """The direct backend's session interpreters (see the module docstring)."""
 
-    def __init__(self, backend: OCIBackend) -> None:
+    def __init__(self, backend: DirectHost) -> None:
         self.backend = backend
 
     def _runtime(self, runtime: str, *args: str) -> list[str]:

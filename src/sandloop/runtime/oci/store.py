@@ -126,7 +126,7 @@ class RootfsStore:
         ready = self._ready.get(image)
         if ready is not None:
             return ready
-        with self._lock, self._across_processes():
+        with self._lock, self.across_processes():
             image_id = self.image_id(image)
             path = self.directory / image_id / "rootfs"
             if not path.is_dir():
@@ -139,7 +139,7 @@ class RootfsStore:
             return path
 
     @contextlib.contextmanager
-    def _across_processes(self) -> Any:
+    def across_processes(self) -> Any:
         """The store's lock between processes (a server, a CLI, test workers): two first runs of
         one image at once would export it twice, and the second rename fails on the first's tree
         (seen with three processes: ENOTEMPTY, EBUSY once it was bind-mounted)."""

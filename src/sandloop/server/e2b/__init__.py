@@ -33,7 +33,7 @@ from sandloop.server.e2b.envd import envd_routes
 from sandloop.server.e2b.jupyter import jupyter_routes
 from sandloop.server.e2b.registry import Registry
 from sandloop.server.e2b.service import E2B, E2BError
-from sandloop.server.e2b.templates import template_api_routes
+from sandloop.server.e2b.template_routes import template_api_routes
 from sandloop.server.guard import RequestGuard
 from sandloop.server.models import MAX_FILE_BYTES, MAX_JSON_BYTES
 

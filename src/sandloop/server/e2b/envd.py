@@ -30,7 +30,7 @@ from sandloop.server.e2b.service import E2B, E2BError, command_cwd, sandbox_path
 from sandloop.server.errors import error_for
 from sandloop.server.models import MAX_FILE_BYTES
 from sandloop.server.quota import QuotaError
-from sandloop.sessions.session import check_metadata
+from sandloop.sessions.session_files import check_metadata
 from sandloop.sessions.watch import Watcher, WatchEvent
 
 #: Seconds between keepalive events on a quiet process stream (E2B's SDK asks for 50).

@@ -29,7 +29,6 @@ import hmac
 import json
 import os
 import re
-import shlex
 import shutil
 import tarfile
 import threading
@@ -37,21 +36,26 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from sandloop.contract import InvalidArgument, SandboxError, TemplateNotFound
 from sandloop.images.templates import BuildEvent, TemplateSpec, split_ref
 from sandloop.images.templates.build import scratch
 from sandloop.images.templates.spec import RUNTIME, Step, make_step
 from sandloop.paths import write_atomically
-from sandloop.server.context import Auth
-from sandloop.server.e2b.control import body_of
 from sandloop.server.e2b.service import TEMPLATES, E2BError
+from sandloop.server.e2b.template_steps import (
+    E2B_HOME,
+    E2B_USER,
+    NOT_HERE,
+    SANDBOX_USER,
+    absolute,
+    helper_step,
+    inside_folder,
+    stage_copy,
+    step_user,
+)
 
 if TYPE_CHECKING:
     from sandloop.server.e2b.service import E2B
@@ -71,10 +75,6 @@ MAX_UPLOADS_BYTES_PER_KEY = 2 * 1024 * 1024 * 1024
 UPLOAD_URL_SECONDS = 3600
 #: Images E2B's SDK starts from that are sandloop's runtime image here.
 E2B_BASE_IMAGES = ("e2bdev/base", "e2bdev/code-interpreter", "e2bdev/desktop")
-#: E2B's own user in its images: here the sandbox's unprivileged user.
-E2B_USER = "user"
-SANDBOX_USER = "65534:65534"
-E2B_HOME = "/home/user"
 _HASH = re.compile(r"^[0-9A-Za-z_-]{1,128}$")
 
 
@@ -397,11 +397,11 @@ class E2BTemplates:
                         raise E2BError(400, f"{where}: ENV takes name, value pairs")
                     steps.append(make_step("env", dict(zip(args[::2], args[1::2], strict=True)), where))
                 elif kind == "WORKDIR":
-                    workdir = _absolute(args[0] if args else "", workdir)
+                    workdir = absolute(args[0] if args else "", workdir)
                     steps.append(make_step("workdir", workdir, where))
                 elif kind == "USER":
                     user = args[0] if args else E2B_USER
-                    steps.append(make_step("user", _user(user), where))
+                    steps.append(make_step("user", step_user(user), where))
                 else:
                     raise E2BError(400, f"{where}: {kind or 'a step without a type'} is not supported")
             except InvalidArgument as exc:
@@ -415,7 +415,7 @@ class E2BTemplates:
     def _from_template(self, token: Token, name: str) -> str:
         if name.split(":")[0] in TEMPLATES:
             return RUNTIME
-        why = _NOT_HERE.get(name.split(":")[0])
+        why = NOT_HERE.get(name.split(":")[0])
         if why:
             raise E2BError(400, f"from_template({name!r}): {why}")
         try:
@@ -431,7 +431,7 @@ class E2BTemplates:
         out: list[Step] = []
         wrap = run_user != user
         if wrap:
-            out.append(make_step("user", _user(run_user), where))
+            out.append(make_step("user", step_user(run_user), where))
         plain: list[str] = []
 
         def flush() -> None:
@@ -440,7 +440,7 @@ class E2BTemplates:
                 plain.clear()
 
         for part in (p.strip() for p in command.split("&&")):
-            helper = _helper(part, where)
+            helper = helper_step(part, where)
             if isinstance(helper, str):  # "skip"
                 continue
             if helper is not None:
@@ -450,7 +450,7 @@ class E2BTemplates:
                 plain.append(part)
         flush()
         if wrap:
-            out.append(make_step("user", _user(user), where))
+            out.append(make_step("user", step_user(user), where))
         return out
 
     def _copy(
@@ -467,13 +467,13 @@ class E2BTemplates:
             unpacked.mkdir()
             try:
                 with tarfile.open(archive) as tar:  # gzip or not
-                    tar.extractall(unpacked, filter=_inside)
+                    tar.extractall(unpacked, filter=inside_folder)
             except (tarfile.TarError, OSError) as exc:
                 raise E2BError(400, f"{where}: the uploaded archive of {args[0]} is not a tar: {exc}") from None
         stage = context / f"stage-{where.replace(' ', '-')}"
-        src = _stage(unpacked, args[0], stage, where, into_folder=args[1].endswith("/"))
-        dest = _absolute(args[1], workdir)
-        owner = _user(args[2]) if len(args) > 2 and args[2] else SANDBOX_USER
+        src = stage_copy(unpacked, args[0], stage, where, into_folder=args[1].endswith("/"))
+        dest = absolute(args[1], workdir)
+        owner = step_user(args[2]) if len(args) > 2 and args[2] else SANDBOX_USER
         if not re.fullmatch(r"\d+(:\d+)?", owner):
             owner = "0:0"
         mode = args[3] if len(args) > 3 and args[3] else ""
@@ -592,212 +592,6 @@ class E2BTemplates:
         return list(out.values())
 
 
-#: E2B's own templates that cannot be had here, and why.
-_NOT_HERE = {
-    "mcp-gateway": "the MCP gateway template is not available: it runs its gateway as root inside the sandbox; "
-    "sandloop serves MCP itself (`sandloop mcp`)",
-    "devcontainer": "the devcontainer template is not available: building a dev container needs a container "
-    "engine inside the sandbox, which sandloop never gives one",
-}
-
-
-def _user(user: str) -> str:
-    return SANDBOX_USER if user in (E2B_USER, "") else user
-
-
-def _absolute(path: str, workdir: str) -> str:
-    if not path:
-        return workdir
-    if path.startswith("~"):
-        path = E2B_HOME + path[1:]
-    joined = PurePosixPath(path) if path.startswith("/") else PurePosixPath(workdir) / path
-    parts: list[str] = []
-    for part in joined.parts[1:]:
-        if part == "..":
-            if parts:
-                parts.pop()
-        elif part != ".":
-            parts.append(part)
-    return "/" + "/".join(parts)
-
-
-_PIP = re.compile(r"^(?:sudo\s+)?(?:python3?\s+-m\s+)?pip3?\s+install(?:\s+(.*))?$")
-_NPM = re.compile(r"^(?:sudo\s+)?npm\s+(?:install|i)(?:\s+(.*))?$")
-_APT = re.compile(r"^(?:sudo\s+)?(?:[A-Z_]+=\S*\s+)*apt(?:-get)?\s+install(?:\s+(.*))?$")
-_APT_UPDATE = re.compile(r"^(?:sudo\s+)?apt(?:-get)?\s+update(\s+-[a-z]+)*$")
-
-
-def _helper(part: str, where: str) -> Step | str | None:
-    """A package install the SDK writes, as a helper step ("skip": nothing to do here)."""
-    if _APT_UPDATE.match(part):
-        return "skip"  # the host's package lists are used
-    if re.match(r"^(?:sudo\s+)?git\s+clone\b", part):
-        raise E2BError(
-            400,
-            f"{where}: {part!r}: a build step reaches no host, so git clone cannot run; check the repository "
-            "out here and copy() it into the template",
-        )
-    for pattern, kind, flags in (
-        (
-            _PIP,
-            "pip_install",
-            {"--user", "--upgrade", "-U", "--no-cache-dir", "-q", "--quiet", "--break-system-packages"},
-        ),
-        (_NPM, "npm_install", {"-g", "--global", "--save-dev", "-D", "--save", "-q", "--silent"}),
-        (_APT, "apt_install", {"-y", "--yes", "-q", "--no-install-recommends", "--fix-missing"}),
-    ):
-        match = pattern.match(part)
-        if match is None:
-            continue
-        try:
-            words = shlex.split(match.group(1) or "")
-        except ValueError:
-            return None
-        packages = [w for w in words if w not in flags]
-        if packages and all(p.startswith(("/", "./", "~")) for p in packages) and kind == "pip_install":
-            return None  # wheels the template copied in: pip installs them as written, offline
-        if not packages or any(p == "." or p.startswith("-") for p in packages):
-            raise E2BError(
-                400,
-                f"{where}: {part!r}: sandloop installs named packages only (from this host's mirrors); a build "
-                "from a project folder or with other options cannot run without network",
-            )
-        return make_step(kind, packages, where)
-    return None
-
-
-def _inside(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
-    """tarfile's "data" filter, skipping (not failing on) what it refuses: a link to an absolute
-    path or out of the archive, a device. Nothing is written outside the folder."""
-    try:
-        return tarfile.data_filter(member, path)
-    except tarfile.FilterError:
-        return None
-
-
-def _stage(unpacked: Path, pattern: str, stage: Path, where: str, *, into_folder: bool) -> str:
-    """What E2B's COPY of ``pattern`` puts at its destination, laid out under ``stage``: a folder
-    brings its contents, a file itself. Returns the copy step's source (relative to the context):
-    one file copied to a destination not ending in '/' is that file, as Docker's COPY."""
-    import glob
-
-    stage.mkdir()
-    pattern = pattern.removeprefix("./")
-    matches = sorted(glob.glob(pattern, root_dir=unpacked, recursive=True, include_hidden=True))
-    if not matches:
-        raise E2BError(400, f"{where}: COPY {pattern} matched no uploaded file")
-    for match in matches:
-        source = unpacked / match
-        if not source.resolve().is_relative_to(unpacked.resolve()):
-            continue
-        if source.is_dir() and not source.is_symlink():
-            shutil.copytree(source, stage, symlinks=True, dirs_exist_ok=True)
-        else:
-            target = stage / source.name
-            if source.is_symlink():
-                target.symlink_to(source.readlink())
-            else:
-                shutil.copy2(source, target)
-    entries = list(stage.iterdir())
-    glob_pattern = any(c in pattern for c in "*?[")  # a pattern's matches go into a folder
-    if len(matches) == 1 and len(entries) == 1 and not into_folder and not glob_pattern and not entries[0].is_dir():
-        return f"{stage.name}/{entries[0].name}"
-    return stage.name
-
-
-def template_api_routes(e2b: E2B) -> Any:
-    """The routes (authenticated by X-API-Key, except the signed upload)."""
-    templates = E2BTemplates(e2b)
-    router = APIRouter(include_in_schema=False)
-
-    @router.post("/v3/templates", status_code=202)
-    @router.post("/v2/templates", status_code=202)
-    async def request_build(request: Request, token: Auth) -> dict[str, Any]:
-        body = await body_of(request)
-        with e2b.api.rates.use(token):
-            return templates.request(token, body)
-
-    @router.get("/templates/{template_id}/files/{files_hash}", status_code=201)
-    def upload_link(template_id: str, files_hash: str, request: Request, token: Auth) -> dict[str, Any]:
-        return templates.upload_link(token, template_id, files_hash, str(request.base_url))
-
-    @router.put("/templates/{template_id}/files/{files_hash}/upload")
-    async def upload(template_id: str, files_hash: str, request: Request) -> Response:
-        target = templates.check_upload(template_id, files_hash, dict(request.query_params))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
-        size = 0
-        limit = templates.reserve_upload(target)
-        try:
-            with open(partial, "wb") as f:
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > limit:
-                        raise E2BError(413, _too_large(limit))
-                    f.write(chunk)
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
-            templates.release_upload(target, limit)
-        return Response(status_code=200)
-
-    @router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
-    @router.post("/templates/{template_id}/builds/{build_id}", status_code=202)
-    async def start_build(template_id: str, build_id: str, request: Request, token: Auth) -> Response:
-        body = await body_of(request)
-        await run_in_threadpool(templates.start, token, template_id, build_id, body)
-        return Response(status_code=202)
-
-    @router.get("/templates/{template_id}/builds/{build_id}/status")
-    def build_status(template_id: str, build_id: str, request: Request, token: Auth) -> dict[str, Any]:
-        try:
-            offset = int(request.query_params.get("logsOffset") or 0)
-        except ValueError:
-            raise E2BError(400, "logsOffset must be a number") from None
-        return templates.status(token, template_id, build_id, offset)
-
-    @router.get("/templates/aliases/{alias}")
-    def alias(alias: str, token: Auth) -> dict[str, Any]:
-        return templates.alias(token, alias)
-
-    @router.post("/templates/tags", status_code=201)
-    async def assign_tags(request: Request, token: Auth) -> dict[str, Any]:
-        body = await body_of(request)
-        return await run_in_threadpool(templates.assign_tags, token, body)
-
-    @router.delete("/templates/tags", status_code=204)
-    async def remove_tags(request: Request, token: Auth) -> Response:
-        body = await body_of(request)
-        await run_in_threadpool(templates.remove_tags, token, body)
-        return Response(status_code=204)
-
-    @router.get("/templates/{template_id}/tags")
-    def tags(template_id: str, token: Auth) -> list[dict[str, Any]]:
-        return templates.tags(token, template_id)
-
-    @router.get("/templates")
-    @router.get("/v2/templates")
-    def list_templates(token: Auth) -> JSONResponse:
-        return JSONResponse(templates.list(token))
-
-    @router.delete("/templates/{template_id}", status_code=204)
-    def delete(template_id: str, token: Auth) -> Response:
-        if template_id.startswith("snap-"):  # E2B's snapshots are templates (Sandbox.delete_snapshot)
-            snapshots = templates.root.snapshots
-            try:
-                snap = snapshots.get(template_id)
-            except SandboxError:
-                snap = None
-            if snap is None or snap.owner != token.id:
-                raise E2BError(404, f"snapshot {template_id} not found")
-            snapshots.delete(snap.id)
-            return Response(status_code=204)
-        templates.delete(token, template_id)
-        return Response(status_code=204)
-
-    return router, templates
-
-
 def _touch(archive: Path) -> bool:
     """Whether a key's archive is there; if so it is marked as just used (``make_room`` keeps it)."""
     try:
@@ -840,7 +634,7 @@ def make_room(folder: Path, budget: int, *, keep: Path, reserved: int) -> int:
     return room
 
 
-def _too_large(limit: int) -> str:
+def too_large(limit: int) -> str:
     if limit >= MAX_UPLOAD_BYTES:
         return f"a COPY's files may be at most {MAX_UPLOAD_BYTES >> 20} MiB"
     return f"a COPY's files may be at most {limit >> 20} MiB now: this key's other uploads in flight hold the rest"

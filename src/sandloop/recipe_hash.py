@@ -1,4 +1,6 @@
-"""Image names derived from the recipe's content, so an image is rebuilt only when it changes."""
+"""Image names derived from the recipe's content (``images/recipe/``), so an image is rebuilt only
+when it changes. A fact on the ground floor: settings name the default runtime image by it, and the
+image build (``images/``), which stands above settings, builds that name."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import functools
 import hashlib
 from pathlib import Path
 
-RECIPE_DIR = Path(__file__).with_name("recipe")
+RECIPE_DIR = Path(__file__).parent / "images" / "recipe"
 #: Files that make up the base (debootstrap + wheels) and the full runtime image.
 BASE_FILES = ("packages.txt", "requirements.txt", "node-packages.txt")
 RUNTIME_FILES = (
