@@ -362,7 +362,9 @@ class OCIBackend:
         # does not make: runc starts those
         if runtime == "runc" and self._bwrap is not None and not spec.volumes and not self.bwrap_gaps(template):
             runtime = BWRAP
-        sandbox_id, bundle, config = self.new_config(template, rootfs, spec, purpose, lifetime_seconds, runtime)
+        sandbox_id, bundle, config = new_config(
+            self.state, self.hostname_file(), template, rootfs, spec, purpose, lifetime_seconds, runtime
+        )
         self.kernels.bind_workspaces(config, spec.volumes)
         host_tmp = bundle / HOST_TMP if binds_host_tmp(template) else None
         bundles = bundle.parent
@@ -410,18 +412,6 @@ class OCIBackend:
             return subprocess.Popen(argv, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2], start_new_session=True)
 
         return start_on_pipes(start, sandbox_id, spec, runtime, bundle)
-
-    def new_config(
-        self,
-        template: Mapping[str, Any],
-        rootfs: Path,
-        spec: SandboxSpec,
-        purpose: str,
-        lifetime_seconds: float,
-        runtime: str,
-    ) -> tuple[str, Path, dict[str, Any]]:
-        """A new sandbox's id, bundle path (not yet made) and config (``bundle.new_config``)."""
-        return new_config(self.state, self.hostname_file(), template, rootfs, spec, purpose, lifetime_seconds, runtime)
 
     @staticmethod
     def own_memory_cgroup(sandbox_id: str, config: dict[str, Any]) -> None:

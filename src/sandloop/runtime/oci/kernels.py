@@ -29,7 +29,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -41,6 +40,7 @@ from sandloop.runtime.docker import LiveSandbox
 from sandloop.runtime.docker.stream import SocketChannel
 from sandloop.runtime.docker.workspace import volume_name
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
+from sandloop.runtime.oci.bundle import new_config
 from sandloop.runtime.oci.shim import NOT_YET, QUOTA_AFTER, apply_pending_quota
 from sandloop.runtime.tmpfs import mount_host_tmpfs
 
@@ -62,15 +62,7 @@ class DirectHost(Protocol):
 
     def workspace_on_host(self, session_id: str, ref: WorkspaceRef) -> Path | None: ...
 
-    def new_config(
-        self,
-        template: Mapping[str, Any],
-        rootfs: Path,
-        spec: SandboxSpec,
-        purpose: str,
-        lifetime_seconds: float,
-        runtime: str,
-    ) -> tuple[str, Path, dict[str, Any]]: ...
+    def hostname_file(self) -> Path: ...
 
     def own_memory_cgroup(self, sandbox_id: str, config: dict[str, Any]) -> None: ...
 
@@ -183,7 +175,9 @@ class DirectKernels:
         runtime = spec.limits.runtime  # runc only without an engine (OCIBackend.why_not_direct)
         rootfs = backend.store.rootfs(spec.image)
         template = backend.templates.get(replace(spec, volumes=()))
-        sandbox_id, bundle, config = backend.new_config(template, rootfs, spec, purpose, lifetime_seconds, runtime)
+        sandbox_id, bundle, config = new_config(
+            backend.state, backend.hostname_file(), template, rootfs, spec, purpose, lifetime_seconds, runtime
+        )
         bundles = bundle.parent
         cpu = (config["linux"].get("resources") or {}).get("cpu") or {}
         quota_after = ""
