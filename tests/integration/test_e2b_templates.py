@@ -55,6 +55,7 @@ def folder(tmp_path_factory):
     return path
 
 
+@pytest.mark.serial  # its rebuild must find every step in the host's step cache, which other builds share
 def test_a_template_from_the_sdk_runs_sandboxes(server, folder):
     logs = []
     template = (

@@ -24,6 +24,7 @@ from sandloop.runtime.oci.config import diff
 from sandloop.runtime.oci.generate import docker_config
 from sandloop.runtime.oci.store import BUILT, IMAGE_CONFIG
 from sandloop.settings import OCIConfig, runtime_image
+from tests.helpers import direct_sandboxes
 
 # The image is built here without Docker (debootstrap, wheels: minutes on a busy machine), bounded
 # by its own steps, not by the per-test timeout.
@@ -198,11 +199,11 @@ def test_what_needs_docker_is_refused_in_the_users_words(root):
 
 
 def test_nothing_is_left_and_the_engine_was_never_asked(root):
-    before = {p.name for p in (Path("/run/sandloop/oci/bundles")).iterdir()}
+    before = set(direct_sandboxes())  # this process's (other workers run beside it)
     for runtime in ("runc", "runsc"):
         assert root.run_code("print(1)", limits=SandboxLimits(runtime=runtime)).ok
     assert root.dispatcher.settle(60)
-    after = {p.name for p in (Path("/run/sandloop/oci/bundles")).iterdir()}
+    after = set(direct_sandboxes())
     assert sorted(after - before) == []
     with pytest.raises(EngineUnavailable):  # the engine these runs were given is not there
         root.backend.docker.engine_info()

@@ -265,6 +265,7 @@ def test_oversized_read_is_refused(session):
         session.read_file("big")
 
 
+@pytest.mark.serial  # reads the host disk's free blocks: other workers write meanwhile
 def test_quota_gives_enospc_inside_and_nothing_outside(session):
     if not session.record.quota_enforced:
         pytest.skip("no loop mounts here: quota not enforced")
