@@ -25,7 +25,7 @@ def server(tmp_path_factory):
     alice, _ = tokens.create("alice", max_concurrent=8, runs_per_minute=1000, max_timeout=600)
     root = Sandloop(Settings(pool_size=0, session_pool_size=0, e2b_runtime="runsc"))
     with root, serve_in_thread(create_app(tokens, sandloop=root)) as url, e2b_environment(url, alice):
-        yield {"url": url, "alice": alice}
+        yield {"url": url, "alice": alice, "root": root}
 
 
 def test_pause_connect_resumes_with_memory_and_list_says_paused(server):
@@ -88,6 +88,8 @@ def test_auto_pause_at_the_timeout_keeps_the_sandbox(server):
         while PlainSandbox.get_info(s.sandbox_id).state != "paused":
             assert time.monotonic() < deadline, "a sandbox past its timeout with on_timeout=pause was not paused"
             time.sleep(0.5)
+        # what the pause kept: its memory (gVisor); "files" would say its interpreter had gone
+        assert server["root"].sessions.paused(s.sandbox_id) == "memory"
         again = Sandbox.connect(s.sandbox_id, timeout=300)
         assert again.run_code("y").text == "survived the timeout"
     finally:

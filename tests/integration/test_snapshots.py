@@ -16,6 +16,7 @@ import pytest
 from sandloop import SandboxLimits
 from sandloop.contract import SessionNotPaused, SessionPaused, SnapshotIncompatible, SnapshotNotFound
 from sandloop.runner import default_root
+from sandloop.runtime.labels import SESSION_LABEL
 from sandloop.sessions import Session
 
 pytestmark = pytest.mark.timeout(600)
@@ -258,16 +259,22 @@ def test_snapshots_list_start_sessions_and_delete(gvisor_session):
 
 
 @pytest.mark.runsc
-def test_a_memory_snapshot_of_another_runsc_is_refused_and_starts_nothing(gvisor_session):
+def test_a_memory_snapshot_of_another_runsc_is_refused_and_starts_nothing(gvisor_session, monkeypatch):
     s = gvisor_session
     s.run_cell("x = 1")
     snap = s.snapshot()
     facts = default_root().snapshots.dir(snap.id) / "memory" / "facts.json"
     facts.write_text(json.dumps({**json.loads(facts.read_text()), "runsc": "runsc version 0.0~20200101.0"}))
-    before = {r.id for r in Session.list()}
+    # the sessions this call makes (other test workers make theirs on the same host meanwhile)
+    store, made = default_root().sessions, []
+    create = store.create
+    monkeypatch.setattr(store, "create", lambda **kw: made.append(create(**kw)) or made[-1])
     with pytest.raises(SnapshotIncompatible, match="another runsc version"):
         Session.from_snapshot(snap.id)
-    assert {r.id for r in Session.list()} == before  # the half-made session went
+    assert len(made) == 1  # it began one session ...
+    assert made[0].id not in {r.id for r in Session.list()}  # ... and the half-made session went
+    owned = default_root().backend.owned()
+    assert not [o for o in owned if o.labels.get(SESSION_LABEL) == made[0].id]  # nor any sandbox of it
     Session.delete_snapshot(snap.id)
 
 

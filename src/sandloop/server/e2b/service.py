@@ -247,7 +247,9 @@ class E2B:
         on_timeout = self.registry.lifecycle(sandbox_id)[0]
         if on_timeout in ("pause", "pause-files"):
             try:
-                self.pause(sandbox_id, keep_memory=on_timeout == "pause")
+                kind = self.pause(sandbox_id, keep_memory=on_timeout == "pause")
+                if on_timeout == "pause" and kind == "files":  # its interpreter was not running
+                    log.warning("timed-out sandbox %s paused with its files only: no interpreter ran", sandbox_id)
                 return False
             except SessionNotPaused:  # another thread (the reaper, a request) paused it first
                 return False
