@@ -48,11 +48,11 @@ def engine_state() -> tuple[str | None, set[str]]:
 
 #: How the suite runs side by side (pytest-xdist, ``--dist loadgroup``; ``make test``). A file
 #: whose tests share a module-scoped fixture (a server, a session, a built template) runs on one
-#: worker, in order; the contract suite's Ray backend runs where the (one) local Ray cluster is.
-#: Files run alone after the parallel pass (marker ``serial``): they stop, stall or restart the
-#: engine for everyone (chaos/), or count what the whole host holds (every run container the
-#: engine started, in test_ray.py; the sessions and snapshots in the host's home, in test_readme.py).
-SERIAL_FILES = ("integration/test_ray.py", "integration/test_readme.py")
+#: worker, in order; everything on the (one) local Ray cluster (the contract suite's Ray backend,
+#: test_ray.py) runs on one worker, where that cluster is. Files run alone after the parallel
+#: pass (marker ``serial``): they stop, stall or restart the engine for everyone (chaos/). Every
+#: other test counts only what it made (its process's containers, its cluster's nodes' runs,
+#: the sessions its own calls created), never what the whole host holds.
 
 
 def _module_scoped(item: pytest.Item) -> bool:
@@ -65,21 +65,39 @@ def _module_scoped(item: pytest.Item) -> bool:
     return False
 
 
+# First: xdist's own hook (on a worker) reads the xdist_group marks to name each test's group.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).relative_to(HERE).parts
         where = "/".join(parts)
         if parts and parts[0] in ("integration", "adversarial", "chaos"):
             item.add_marker(pytest.mark.docker)
-        if (parts and parts[0] == "chaos") or where in SERIAL_FILES:
+        if parts and parts[0] == "chaos":
             item.add_marker(pytest.mark.serial)
-        if "[ray-" in item.nodeid:
+        if "[ray-" in item.nodeid or where == "integration/test_ray.py":
             group = "ray"
         elif _module_scoped(item):
             group = where
         else:
             continue
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker, after xdist named each grouped test's group (its node id ends in
+    ``@group``): a grouped test without one would run on any worker beside its group's others,
+    its module's fixtures set up twice (pytest 9.2 with pytest-xdist 3.8 did so, silently:
+    pytest-xdist#1386)."""
+    if not hasattr(session.config, "workerinput") or not session.config.getvalue("loadgroup"):
+        return
+    lost = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(lost)} tests (first: {lost[0]}): this pytest and pytest-xdist "
+            "do not work together (pytest-xdist#1386); install the versions pyproject.toml names"
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -272,8 +272,15 @@ def test_a_node_without_the_image_says_so_and_a_full_cluster_is_busy(ray_cluster
         small.close()
 
 
-def _run_starts(since: float) -> int:
-    """Run containers started on the engine (both nodes share this host's) since ``since``."""
+def _by(pids: set[int], labels: dict[str, str] | None) -> bool:
+    """Whether these labels are a container's made by one of these node processes (other test
+    workers start run containers on the same engine meanwhile)."""
+    owner = (labels or {}).get(f"{LABEL_PREFIX}owner", "")
+    return any(f":{pid}:" in owner for pid in pids)
+
+
+def _run_starts(since: float, pids: set[int]) -> int:
+    """Run containers the nodes ``pids`` started on the engine (both share this host's) since ``since``."""
     client = docker.from_env()
     try:
         events = client.events(
@@ -282,7 +289,7 @@ def _run_starts(since: float) -> int:
             decode=True,
             filters={"event": "start", "label": [f"{LABEL_PREFIX}purpose=run"]},
         )
-        return sum(1 for _ in events)
+        return sum(1 for e in events if _by(pids, e.get("Actor", {}).get("Attributes")))
     finally:
         client.close()
 
@@ -303,6 +310,7 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
     victim = root.backend._session_node(session.id)
     assert root.backend._session_node(paused.id) == victim
     survivor = next(n for n in root.backend.node_ids() if n != victim)
+    nodes = {s["pid"] for s in root.backend.status()}  # the node actors' processes: their runs are counted
     t0 = time.time()
     outcomes: dict[int, tuple] = {}
 
@@ -322,9 +330,9 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
         t.start()
     # all four inside their sandboxes (observed on the engine, not assumed after a pause)
     deadline = time.monotonic() + 60
-    while len(_leftover_runs(t0, running=True)) < 4 and time.monotonic() < deadline:
+    while len(_leftover_runs(t0, nodes, running=True)) < 4 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert len(_leftover_runs(t0, running=True)) == 4
+    assert len(_leftover_runs(t0, nodes, running=True)) == 4
     ray_cluster.kill_node(ray_cluster.node_index(victim))
     killed = time.monotonic()
     for t in threads:
@@ -353,7 +361,7 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
         root.attach_session(session.id)
     with pytest.raises(SessionLost, match="gone"):  # a paused session is lost with its node
         root.attach_session(paused.id)
-    assert _run_starts(t0) == 5  # four runs and the later one: none started a second time
+    assert _run_starts(t0, nodes) == 5  # four runs and the later one: none started a second time
     # The session is deleted while its node is gone; the node returns (a new Ray node on the same
     # host and home): its reaper removes the lost actor's leftovers (their owner is dead) once they
     # ended, and the deleted session's workspace.
@@ -366,7 +374,7 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
         if len(root.backend.node_ids()) == 2:
             root.backend.status()  # reaches the new node's actor: its reaper runs at start
             if (
-                not _leftover_runs(t0)
+                not _leftover_runs(t0, nodes)
                 and not _volume_of(session.id)
                 and not _volume_of(paused.id)
                 and not _containers_of(session.id)
@@ -375,7 +383,7 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
                 break
         time.sleep(2)
     assert len(root.backend.node_ids()) == 2
-    assert not _leftover_runs(t0)
+    assert not _leftover_runs(t0, nodes)
     assert not _volume_of(session.id) and not _volume_of(paused.id)
     assert not _containers_of(session.id)  # its interpreter too
     kept = home / "sessions" / paused.id
@@ -402,15 +410,19 @@ def _containers_of(session_id: str) -> list[str]:
         client.close()
 
 
-def _leftover_runs(since: float, running: bool = False) -> list[str]:
-    """Run containers (running or not, or ``running`` only) made since ``since``: a finished run's
-    is removed at once."""
+def _leftover_runs(since: float, pids: set[int], running: bool = False) -> list[str]:
+    """Run containers (running or not, or ``running`` only) the nodes ``pids`` made since
+    ``since``: a finished run's is removed at once."""
     client = docker.from_env()
     try:
         # sparse: one listing, no inspect per container (one removed meanwhile would be a 404)
         found = client.containers.list(all=not running, sparse=True, filters={"label": f"{LABEL_PREFIX}purpose=run"})
         created = f"{LABEL_PREFIX}created"
-        return [c.id for c in found if float((c.attrs.get("Labels") or {}).get(created, "0")) >= since - 1]
+        return [
+            c.id
+            for c in found
+            if _by(pids, c.attrs.get("Labels")) and float((c.attrs.get("Labels") or {}).get(created, "0")) >= since - 1
+        ]
     finally:
         client.close()
 
