@@ -279,23 +279,48 @@ def _by(pids: set[int], labels: dict[str, str] | None) -> bool:
     return any(f":{pid}:" in owner for pid in pids)
 
 
-def _run_starts(since: float, pids: set[int]) -> int:
-    """Run containers the nodes ``pids`` started on the engine (both share this host's) since ``since``."""
-    client = docker.from_env()
-    try:
-        events = client.events(
-            since=since,
-            until=time.time() + 1,
-            decode=True,
-            filters={"event": "start", "label": [f"{LABEL_PREFIX}purpose=run"]},
+class _RunStarts:
+    """Run containers the nodes ``pids`` start on the engine (both share this host's), counted
+    from a live stream of its events: a later ``since`` query would see only the engine's last 256
+    events, which other test workers' sandboxes push out."""
+
+    def __init__(self, pids: set[int], since: float):
+        self._client = docker.from_env()
+        # since: the engine replays what came between ``since`` and the subscription, then streams
+        self._stream = self._client.events(
+            since=since, decode=True, filters={"event": "start", "label": [f"{LABEL_PREFIX}purpose=run"]}
         )
-        return sum(1 for e in events if _by(pids, e.get("Actor", {}).get("Attributes")))
-    finally:
-        client.close()
+        self._seen: list[dict] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._pids = pids
+
+    def _read(self) -> None:
+        try:
+            for event in self._stream:
+                self._seen.append(event)
+        except Exception:  # the stream closed under the reader
+            pass
+
+    def count(self, at_least: int) -> int:
+        """Starts seen once ``at_least`` have come (or 30 s passed): the stream is in the engine's
+        order, so whatever started before the last of them has been seen too."""
+        deadline = time.monotonic() + 30
+        while self._matching() < at_least and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self._matching()
+
+    def _matching(self) -> int:
+        return sum(1 for e in list(self._seen) if _by(self._pids, e.get("Actor", {}).get("Attributes")))
+
+    def close(self) -> None:
+        self._stream.close()
+        self._reader.join(10)
+        self._client.close()
 
 
 @pytest.mark.timeout(300)
-def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_cluster):
+def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_cluster, request):
     """Four runs sleeping on the two nodes (two of them streaming their output); the raylet of the
     node that holds a session is SIGKILLed. Its runs raise NodeLost within seconds, the other
     node's finish, the session is SessionLost, no run's sandbox was started twice (counted on the
@@ -312,6 +337,8 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
     survivor = next(n for n in root.backend.node_ids() if n != victim)
     nodes = {s["pid"] for s in root.backend.status()}  # the node actors' processes: their runs are counted
     t0 = time.time()
+    starts = _RunStarts(nodes, since=t0)
+    request.addfinalizer(starts.close)
     outcomes: dict[int, tuple] = {}
 
     def one(i: int) -> None:
@@ -361,7 +388,7 @@ def test_a_node_killed_mid_run_loses_its_runs_and_nothing_runs_twice(root, ray_c
         root.attach_session(session.id)
     with pytest.raises(SessionLost, match="gone"):  # a paused session is lost with its node
         root.attach_session(paused.id)
-    assert _run_starts(t0, nodes) == 5  # four runs and the later one: none started a second time
+    assert starts.count(at_least=5) == 5  # four runs and the later one: none started a second time
     # The session is deleted while its node is gone; the node returns (a new Ray node on the same
     # host and home): its reaper removes the lost actor's leftovers (their owner is dead) once they
     # ended, and the deleted session's workspace.
