@@ -22,8 +22,9 @@ import pytest
 
 from sandloop import Sandloop
 from sandloop.contract import NodeLost, SandboxLimits, SessionLost, SessionNotPaused, SessionPaused, SnapshotNotFound
-from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
+from sandloop.runtime.labels import LABEL_PREFIX, OWNER_LABEL, SESSION_LABEL
 from tests.conftest import ray_settings
+from tests.helpers import owned_by_pid
 from tests.servers import serve_in_thread
 
 pytestmark = pytest.mark.ray
@@ -275,8 +276,7 @@ def test_a_node_without_the_image_says_so_and_a_full_cluster_is_busy(ray_cluster
 def _by(pids: set[int], labels: dict[str, str] | None) -> bool:
     """Whether these labels are a container's made by one of these node processes (other test
     workers start run containers on the same engine meanwhile)."""
-    owner = (labels or {}).get(f"{LABEL_PREFIX}owner", "")
-    return any(f":{pid}:" in owner for pid in pids)
+    return owned_by_pid(*pids)((labels or {}).get(OWNER_LABEL, ""))
 
 
 class _RunStarts:
@@ -290,28 +290,28 @@ class _RunStarts:
         self._stream = self._client.events(
             since=since, decode=True, filters={"event": "start", "label": [f"{LABEL_PREFIX}purpose=run"]}
         )
-        self._seen: list[dict] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._started: list[str] = []  # the nodes' run containers, one entry per start
+        self._broken: Exception | None = None
+        self._reader = threading.Thread(target=self._read, args=(pids,), daemon=True)
         self._reader.start()
-        self._pids = pids
 
-    def _read(self) -> None:
+    def _read(self, pids: set[int]) -> None:
         try:
             for event in self._stream:
-                self._seen.append(event)
-        except Exception:  # the stream closed under the reader
-            pass
+                actor = event.get("Actor", {})
+                if _by(pids, actor.get("Attributes")):
+                    self._started.append(actor.get("ID", ""))
+        except Exception as exc:  # close() ends the stream under the reader; anything before is the engine's
+            self._broken = exc
 
     def count(self, at_least: int) -> int:
         """Starts seen once ``at_least`` have come (or 30 s passed): the stream is in the engine's
         order, so whatever started before the last of them has been seen too."""
         deadline = time.monotonic() + 30
-        while self._matching() < at_least and time.monotonic() < deadline:
+        while len(self._started) < at_least and self._reader.is_alive() and time.monotonic() < deadline:
             time.sleep(0.1)
-        return self._matching()
-
-    def _matching(self) -> int:
-        return sum(1 for e in list(self._seen) if _by(self._pids, e.get("Actor", {}).get("Attributes")))
+        assert self._broken is None, f"the engine's event stream broke: {self._broken!r}"
+        return len(self._started)
 
     def close(self) -> None:
         self._stream.close()
@@ -602,11 +602,10 @@ def test_nothing_is_left_when_the_nodes_stop(root, ray_cluster):
     assert root.backend.shutdown_nodes() == 2
     client = docker.from_env()
     try:
-        owner = f"{LABEL_PREFIX}owner"
         left = [
             c.id
-            for c in client.containers.list(all=True, sparse=True, filters={"label": owner})
-            if any(f":{pid}:" in (c.attrs.get("Labels") or {}).get(owner, "") for pid in pids)
+            for c in client.containers.list(all=True, sparse=True, filters={"label": OWNER_LABEL})
+            if _by(pids, c.attrs.get("Labels"))
         ]
         volumes = client.volumes.list(filters={"label": f"{LABEL_PREFIX}session"})
     finally:
