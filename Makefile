@@ -47,8 +47,9 @@ test: setup-dev
 	SANDLOOP_BACKEND='$(NO_ENGINE)' $(VENV)/bin/sandloop images build --no-docker
 	SANDLOOP_BACKEND='$(NO_ENGINE)' $(VENV)/bin/python -m pytest $(XDIST) $(PYTEST_ARGS) tests/integration/test_isolation.py
 
-# No engine, no image: unit tests, and the backend contract on the test double (FakeBackend).
-test-fast:
+# No engine, no image asked by the tests: unit tests, and the backend contract on the test double
+# (FakeBackend); set-up first, as `make test` (the test tools are dev extras).
+test-fast: setup-dev
 	$(VENV)/bin/python -m pytest $(XDIST) tests/unit tests/contract -m "not docker" $(PYTEST_ARGS)
 
 images:
