@@ -20,6 +20,35 @@ import psutil  # the dev extras have it (not a dependency of sandloop itself)
 RAY = str(Path(sys.executable).parent / "ray")
 
 
+def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """The processes still alive after up to ``timeout`` seconds. Not ``psutil.wait_procs``: the
+    psutil Ray vendors lets ``pidfd_open``'s ENOENT through when a process exits as it is asked
+    (Linux 6.18), so a process that is gone failed the stop; such a one is polled until it has gone
+    (a zombie counts as gone: it runs nothing)."""
+    deadline = time.monotonic() + timeout
+    alive = []
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.TimeoutExpired:
+            alive.append(proc)
+        except OSError:
+            while _running(proc) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _running(proc):
+                alive.append(proc)
+    return alive
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def free_port() -> int:
     import socket
 
@@ -100,7 +129,7 @@ class LocalCluster:
         raylet = self.raylet(i)
         children = raylet.children(recursive=True)
         raylet.send_signal(signal.SIGKILL)
-        psutil.wait_procs([raylet], timeout=10)
+        wait_gone([raylet], timeout=10)
         del children  # left to notice their raylet is gone, as on a real host
 
     def node_index(self, node_id: str) -> int:
@@ -136,7 +165,7 @@ class LocalCluster:
             for proc in procs:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.send_signal(signal.SIGTERM)
-            _, alive = psutil.wait_procs(procs, timeout=10)
+            alive = wait_gone(procs, timeout=10)
             for proc in alive:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()
