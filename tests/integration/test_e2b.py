@@ -126,6 +126,23 @@ def test_run_code_state_logs_results_and_errors(sbx):
     assert sbx.run_code("x").text == "41"  # the error kept the state
 
 
+def test_stderr_written_before_a_display_comes_before_it_in_whole_lines(sbx):
+    """stdout and stderr reach the server on separate streams; what the cell wrote to stderr
+    before each display (a line in two writes, as print makes it) arrives whole and before it."""
+    seen = []
+    code = (
+        "import sys\nfrom IPython.display import display\n"
+        "for i in range(40):\n    sys.stderr.write('e%d' % i)\n    sys.stderr.write('\\n')\n    display(i)\n"
+    )
+    ex = sbx.run_code(
+        code,
+        on_stderr=lambda m: seen.append(("stderr", m.line)),
+        on_result=lambda r: seen.append(("result", r.text)),
+    )
+    assert ex.error is None and ex.logs.stderr == [f"e{i}\n" for i in range(40)]
+    assert seen == [pair for i in range(40) for pair in (("stderr", f"e{i}\n"), ("result", str(i)))]
+
+
 def test_another_clients_cells_never_leak_into_run_code(server, sbx):
     """The same sandbox is a session the native API (and the CLI) can use too: their cells'
     output must not show up in the next run_code (the server holds no idle stream to the

@@ -103,3 +103,83 @@ def test_streamed_outputs_are_bounded_on_the_host():
     assert collector.exit_status == 0
     assert watch.output_bytes <= protocol.MAX_OUTPUT_BYTES and watch.outputs_dropped > 0
     assert len(collector.outputs) * len(one) <= protocol.MAX_OUTPUT_BYTES
+
+
+def test_a_display_keeps_its_place_in_both_streams_however_they_interleave():
+    """The engine forwards stdout and stderr independently: a display's line on stdout can be read
+    before what the cell wrote to stderr just before it. Its mark on stderr holds it back, so a
+    caller sees all of stderr before the display, then the display, then stdout after it; in every
+    interleaving and at every cut of the reads (a stderr line written in two is not cut by it)."""
+    import base64 as b64
+    import json as js
+
+    from sandloop.runtime import protocol
+
+    shown = b64.b64encode(js.dumps({"type": "execute_result", "data": {"text/plain": "2"}}).encode())
+    out = b"before\n" + protocol.OUTPUT_MARKER + b"n3:" + shown + b"\nafter\n" + END_MARKER + b"n3:0:\n"
+    err = b"err" + b"\n" + protocol.OUTPUT_MARKER + b"n3:\n" + b"later\n" + END_MARKER + b"n3:0\n"
+    rng = random.Random(11)
+    for _ in range(300):
+        seen: list[tuple[str, bytes]] = []
+        collector = protocol.cell_collector(
+            None, 1 << 20, "n3", lambda kind, data, seen=seen: seen.append((kind, data))
+        )
+        pieces = []
+        for stream, data in ((protocol.STDOUT, out), (protocol.STDERR, err)):
+            cuts = sorted(rng.sample(range(1, len(data)), rng.randint(0, 6)))
+            pieces.append([(stream, data[a:b]) for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)])
+        while pieces[0] or pieces[1]:  # the two streams interleaved at random, each in its order
+            side = rng.choice([p for p in pieces if p])
+            collector.feed(*side.pop(0))
+        assert collector.exit_status == 0
+        at = next(i for i, (kind, _) in enumerate(seen) if kind == "display")
+        before, after = seen[:at], seen[at + 1 :]
+        assert b"".join(d for k, d in before if k == "stderr") == b"err\n"
+        assert b"".join(d for k, d in before if k == "stdout") == b"before\n"
+        assert b"".join(d for k, d in after if k == "stdout") == b"after\n"
+        assert b"".join(d for k, d in after if k == "stderr") == b"later\n"
+        assert len(collector.outputs) == 1
+
+
+def test_thousands_of_displays_in_one_read_keep_their_order():
+    """A read can carry thousands of displays and marks: the streams take turns in a loop (no
+    recursion between them), and each stderr line lands between its displays."""
+    import base64 as b64
+    import json as js
+
+    from sandloop.runtime import protocol
+
+    n = 5000
+    lines = [
+        b64.b64encode(js.dumps({"type": "display_data", "data": {"text/plain": str(i)}}).encode()) for i in range(n)
+    ]
+    out = b"".join(protocol.OUTPUT_MARKER + b"n5:" + line + b"\n" for line in lines) + END_MARKER + b"n5:0:\n"
+    err = b"".join(b"e%d\n" % i + protocol.OUTPUT_MARKER + b"n5:\n" for i in range(n)) + END_MARKER + b"n5:0\n"
+    seen: list[tuple[str, bytes]] = []
+    collector = protocol.cell_collector(None, 1 << 24, "n5", lambda kind, data: seen.append((kind, data)))
+    collector.feed(protocol.STDOUT, out)
+    collector.feed(protocol.STDERR, err)
+    assert collector.exit_status == 0
+    assert [(k, d if k == "stderr" else js.loads(d)["data"]["text/plain"]) for k, d in seen] == [
+        pair for i in range(n) for pair in (("stderr", b"e%d\n" % i), ("display", str(i)))
+    ]
+
+
+def test_a_display_whose_mark_never_comes_still_goes_when_stderr_ends():
+    """A cell that closed its stderr writes no marks: its displays wait for stderr's end line, then
+    go in stdout's order (nothing lost, nothing out of order on stdout)."""
+    import base64 as b64
+    import json as js
+
+    from sandloop.runtime import protocol
+
+    shown = b64.b64encode(js.dumps({"type": "display_data", "data": {"text/plain": "x"}}).encode())
+    seen: list[tuple[str, bytes]] = []
+    collector = protocol.cell_collector(None, 1 << 20, "n4", lambda kind, data: seen.append((kind, data)))
+    collector.feed(
+        protocol.STDOUT, b"a\n" + protocol.OUTPUT_MARKER + b"n4:" + shown + b"\nb\n" + END_MARKER + b"n4:0:\n"
+    )
+    assert [k for k, _ in seen] == ["stdout"] and collector.exit_status is None
+    collector.feed(protocol.STDERR, END_MARKER + b"n4:0\n")
+    assert [(k, d) for k, d in seen if k == "stdout"] == [("stdout", b"a\n"), ("stdout", b"b\n")]
+    assert [k for k, _ in seen] == ["stdout", "display", "stdout"] and collector.exit_status == 0

@@ -19,6 +19,7 @@ moves bytes, the layer above knows the protocol).
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import functools
 import json
@@ -147,22 +148,53 @@ MAX_END_LINE = 32 * 1024 * 1024
 MAX_OUTPUT_BYTES = 32 * 1024 * 1024
 
 
+class DisplayOrder:
+    """A display's place in both of a cell's streams. The engine forwards stdout and stderr
+    independently, so what a cell wrote to stderr before a display may be read after the display's
+    line on stdout, and what it wrote after, before. The interpreter writes a mark
+    (``OUTPUT_MARKER<nonce>:`` and nothing more) on stderr just before each display line on stdout;
+    the two watches meet there: stdout stops at display k until stderr has read mark k, and stderr
+    stops after mark k until stdout has shown display k. What a caller sees is then the order the
+    cell wrote in, whichever stream the engine delivered first."""
+
+    __slots__ = ("marks", "open", "shown")
+
+    def __init__(self) -> None:
+        self.marks = 0  # marks read on stderr
+        self.shown = 0  # display lines read on stdout
+        #: The streams no longer meet (one ended, or a wait outgrew its bound): each goes on alone.
+        self.open = False
+
+
 class EndWatch:
     """Passes one stream's bytes to its sink until the launcher's end line appears in it.
 
     A few bytes are held back so a line split across reads is still found. A session
     interpreter's stdout also carries its displayed outputs, one line each
     (``OUTPUT_MARKER<nonce>:<base64 JSON>``): they are taken out of the stream, kept in
-    ``outputs`` and handed to ``on_display`` as they come.
+    ``outputs`` and handed to ``on_display`` as they come; its stderr carries their marks
+    (``marks=True``). Where the two meet (``DisplayOrder``) the rest of a stream waits in ``stalled``
+    until ``resume`` finds the other side there.
     """
 
     def __init__(
-        self, sink: CappedStream, marker: bytes | None, on_display: Callable[[bytes], None] | None = None
+        self,
+        sink: CappedStream,
+        marker: bytes | None,
+        on_display: Callable[[bytes], None] | None = None,
+        order: DisplayOrder | None = None,
+        marks: bool = False,
     ) -> None:
         self.sink = sink
         self.marker = marker
         self.output_marker = None if marker is None else OUTPUT_MARKER + marker[len(END_MARKER) :]
         self.on_display = on_display
+        self.order = order
+        self.marks = marks
+        #: What waits where the streams meet, as it was read (chunks, so going on past each
+        #: display copies only its own read, never the rest again); None when not waiting.
+        self.stalled: collections.deque[bytes] | None = None
+        self.stalled_bytes = 0
         self.held = bytearray()
         self.status: int | None = None
         self.payload = b""
@@ -173,7 +205,38 @@ class EndWatch:
         #: sandbox; a session's interpreter shows it with the next cell (``Collector.reset``).
         self.after = bytearray()
 
+    def _may_go(self) -> bool:
+        order = self.order
+        if order is None or order.open:
+            return True
+        # stdout at display k: stderr has read mark k; stderr past mark k: stdout has shown display k
+        return order.shown >= order.marks if self.marks else order.marks > order.shown
+
+    def resume(self) -> bool:
+        """Go on with what waited where the streams meet, if the other side is there now (True)."""
+        if self.stalled is None or not self._may_go():
+            return False
+        queued, self.stalled, self.stalled_bytes = self.stalled, None, 0
+        while queued:
+            self.feed(queued.popleft())
+            if self.stalled is not None:  # the next meeting: the rest waits behind it
+                for chunk in queued:
+                    self._stall(chunk)
+                break
+        return True
+
+    def _stall(self, chunk: bytes | memoryview) -> None:
+        if self.stalled is None:
+            self.stalled = collections.deque()
+        self.stalled.append(bytes(chunk))
+        self.stalled_bytes += len(chunk)
+        if self.stalled_bytes > MAX_END_LINE + self.sink.limit and self.order is not None:
+            self.order.open = True  # the other side is not coming (the cell closed its stderr)
+
     def feed(self, chunk: bytes | memoryview) -> None:
+        if self.stalled is not None:
+            self._stall(chunk)
+            return
         if self.status is not None:
             if len(self.after) < self.sink.limit:
                 self.after += chunk[: self.sink.limit - len(self.after)]
@@ -212,9 +275,20 @@ class EndWatch:
             if end < 0:  # the line has not all arrived yet
                 self.held = bytearray(data[:MAX_END_LINE])
                 return
+            if marker is self.output_marker and self.order is not None and not self.marks:
+                if not self._may_go():
+                    self._stall(data)  # display k, until stderr has read mark k
+                    return
+                self.order.shown += 1
             line, data = data[len(marker) : end], data[end + 1 :]
             if marker is self.output_marker:
-                self._display(line)
+                if not self.marks:
+                    self._display(line)
+                elif self.order is not None:
+                    self.order.marks += 1
+                    if not self._may_go():
+                        self._stall(data)  # past mark k, until display k is shown
+                        return
                 continue
             status, _, payload = line.partition(b":")
             try:
@@ -223,6 +297,8 @@ class EndWatch:
             except ValueError:
                 self.sink.feed(marker + line + b"\n")  # not ours after all
                 continue
+            if self.order is not None:
+                self.order.open = True  # this stream has ended: the other goes on alone
             self.feed(data)  # what follows the end line goes to ``after``
             return
 
@@ -241,6 +317,9 @@ class EndWatch:
                 self.on_display(json.dumps(output).encode())
 
     def flush(self) -> None:
+        if self.order is not None:
+            self.order.open = True
+            self.resume()
         if self.held:
             self.sink.feed(bytes(self.held))
             self.held = bytearray()
@@ -250,7 +329,8 @@ class Collector:
     """Both streams of one request: routes chunks, watches for the end lines.
 
     The engine forwards the two streams independently, so a request is over only when both have
-    ended (``exit_status`` is then set).
+    ended (``exit_status`` is then set); a session's displays keep their place in both
+    (``DisplayOrder``).
     """
 
     def __init__(
@@ -262,7 +342,11 @@ class Collector:
     ) -> None:
         self.stdout, self.stderr = stdout, stderr
         marker = None if nonce is None else END_MARKER + nonce.encode() + b":"
-        self._watches = {STDOUT: EndWatch(stdout, marker, on_display), STDERR: EndWatch(stderr, marker)}
+        order = None if marker is None else DisplayOrder()
+        self._watches = {
+            STDOUT: EndWatch(stdout, marker, on_display, order),
+            STDERR: EndWatch(stderr, marker, order=order, marks=True),
+        }
 
     @property
     def outputs(self) -> list[dict[str, Any]]:
@@ -283,11 +367,20 @@ class Collector:
         watch = self._watches.get(stream)
         if watch is not None:
             watch.feed(chunk)
+            self._settle()
+
+    def _settle(self) -> None:
+        """Let each stream go on past where it met the other, in turns, until neither can (a loop,
+        not callbacks between the two: a read with thousands of displays nests nothing)."""
+        out, err = self._watches[STDOUT], self._watches[STDERR]
+        while out.resume() | err.resume():
+            pass
 
     def flush(self) -> None:
         """End of the stream: whatever was held back was the program's own output."""
         for watch in self._watches.values():
             watch.flush()
+        self._settle()
 
     def next(
         self,

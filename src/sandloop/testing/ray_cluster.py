@@ -44,7 +44,7 @@ def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Proces
 
 def _running(proc: psutil.Process) -> bool:
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 

@@ -32,7 +32,8 @@ PRELOAD = tuple(m for m in os.environ.get("SANDLOOP_PRELOAD", "PIL.Image").split
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 MAX_VALUE_CHARS = 20000
 #: A displayed output, streamed on stdout: ``OUTPUT_MARKER<nonce>:<base64 JSON>\n`` (the host
-#: takes these lines out of the cell's stdout; runtime/protocol.py).
+#: takes these lines out of the cell's stdout; runtime/protocol.py), each after its mark on
+#: stderr, ``OUTPUT_MARKER<nonce>:\n`` (the host keeps the two streams in order by it).
 OUTPUT_MARKER = b"\0\x1esandloop-output:"
 #: Bytes of display data one cell may return (the rest is dropped, and the cell says so).
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
@@ -65,6 +66,10 @@ class _Cell:
         self.outputs.append(output)
         if self.nonce:  # on its way as it is displayed, in order with what the cell prints
             line = OUTPUT_MARKER + self.nonce + b":" + base64.b64encode(json.dumps(output, default=str).encode())
+            try:  # its place in stderr: the host shows it once what stderr had before it is read
+                write_all(2, OUTPUT_MARKER + self.nonce + b":\n")
+            except OSError:
+                pass  # the cell closed its stderr: the display goes when the cell ends
             write_all(1, line + b"\n")
         else:
             self.kept.append(output)
