@@ -15,7 +15,7 @@ import pytest
 
 from sandloop import SandboxLimits, Sandloop, Settings
 from sandloop.notes import sandbox_notes
-from sandloop.runtime.egress.proxy import egress_state
+from sandloop.runtime.egress.host import egress_state
 from tests.egress_servers import WHEEL_NAME, Servers
 from tests.helpers import our_containers
 
@@ -371,7 +371,7 @@ def test_a_session_reaches_its_allowlist_from_any_process_with_its_secrets(secre
     import sys
 
     from sandloop.contract.egress import Secret
-    from sandloop.runtime.egress.proxy import kernel_egress_key
+    from sandloop.runtime.egress.host import kernel_egress_key
 
     s = secret_root.create_session(limits=_limits(runtime, "allowed.test"), quota="16m")
     sid = s.id

@@ -438,6 +438,7 @@ def test_a_relay_quiet_both_ways_is_closed_and_the_servers_can_hold_their_relays
 
     from sandloop.runtime.egress import proxy as proxy_module
     from sandloop.runtime.egress import wire
+    from sandloop.runtime.egress.host import raise_open_files
 
     monkeypatch.setattr(wire, "RELAY_IDLE_SECONDS", 1.0)  # read where relays are piped
     silent = socket.socket()
@@ -461,7 +462,7 @@ def test_a_relay_quiet_both_ways_is_closed_and_the_servers_can_hold_their_relays
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
-        assert proxy_module.raise_open_files() == resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
+        assert raise_open_files() == resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert proxy_module.MAX_CONNECTIONS_TOTAL * 2 < 1024  # even an unraised limit holds the budget

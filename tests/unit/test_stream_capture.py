@@ -1,7 +1,7 @@
 import random
 
 from sandloop.runtime.docker.stream import FrameDemux
-from sandloop.runtime.protocol import END_MARKER, CappedStream, Collector
+from sandloop.runtime.streams import END_MARKER, CappedStream, Collector
 
 
 def _frame(stream: int, data: bytes) -> bytes:
@@ -64,7 +64,7 @@ def test_a_long_end_line_is_kept_whole_across_many_reads_and_outputs_become_arti
     import base64 as b64
     import json as js
 
-    from sandloop.runtime import protocol
+    from sandloop.runtime import protocol, streams
 
     outputs = [
         {
@@ -73,12 +73,12 @@ def test_a_long_end_line_is_kept_whole_across_many_reads_and_outputs_become_arti
         }
     ]
     payload = b64.b64encode(js.dumps({"outputs": outputs, "execution_count": 3, "context": "default"}).encode())
-    line = protocol.END_MARKER + b"n1:0:" + payload + b"\n"
+    line = streams.END_MARKER + b"n1:0:" + payload + b"\n"
     collector = protocol.cell_collector(None, 1 << 20, "n1")
     data = b"printed\n" + line
     for i in range(0, len(data), 4096):  # as a pipe delivers it
-        collector.feed(protocol.STDOUT, data[i : i + 4096])
-    collector.feed(protocol.STDERR, protocol.END_MARKER + b"n1:0\n")
+        collector.feed(streams.STDOUT, data[i : i + 4096])
+    collector.feed(streams.STDERR, streams.END_MARKER + b"n1:0\n")
     reply = protocol.cell_reply(collector)
     assert reply["execution_count"] == 3 and bytes(collector.stdout.data) == b"printed\n"
     (art,) = protocol.artifacts_of([protocol.Output(**o) for o in reply["outputs"]])
@@ -91,18 +91,18 @@ def test_streamed_outputs_are_bounded_on_the_host():
     import base64 as b64
     import json as js
 
-    from sandloop.runtime import protocol
+    from sandloop.runtime import protocol, streams
 
     one = b64.b64encode(js.dumps({"type": "display_data", "data": {"text/plain": "x" * 1_000_000}}).encode())
     collector = protocol.cell_collector(None, 1 << 20, "n2")
-    watch = collector._watches[protocol.STDOUT]
+    watch = collector._watches[streams.STDOUT]
     for _ in range(60):
-        collector.feed(protocol.STDOUT, protocol.OUTPUT_MARKER + b"n2:" + one + b"\n")
-    collector.feed(protocol.STDOUT, protocol.END_MARKER + b"n2:0:\n")
-    collector.feed(protocol.STDERR, protocol.END_MARKER + b"n2:0\n")
+        collector.feed(streams.STDOUT, streams.OUTPUT_MARKER + b"n2:" + one + b"\n")
+    collector.feed(streams.STDOUT, streams.END_MARKER + b"n2:0:\n")
+    collector.feed(streams.STDERR, streams.END_MARKER + b"n2:0\n")
     assert collector.exit_status == 0
-    assert watch.output_bytes <= protocol.MAX_OUTPUT_BYTES and watch.outputs_dropped > 0
-    assert len(collector.outputs) * len(one) <= protocol.MAX_OUTPUT_BYTES
+    assert watch.output_bytes <= streams.MAX_OUTPUT_BYTES and watch.outputs_dropped > 0
+    assert len(collector.outputs) * len(one) <= streams.MAX_OUTPUT_BYTES
 
 
 def test_a_display_keeps_its_place_in_both_streams_however_they_interleave():
@@ -113,11 +113,11 @@ def test_a_display_keeps_its_place_in_both_streams_however_they_interleave():
     import base64 as b64
     import json as js
 
-    from sandloop.runtime import protocol
+    from sandloop.runtime import protocol, streams
 
     shown = b64.b64encode(js.dumps({"type": "execute_result", "data": {"text/plain": "2"}}).encode())
-    out = b"before\n" + protocol.OUTPUT_MARKER + b"n3:" + shown + b"\nafter\n" + END_MARKER + b"n3:0:\n"
-    err = b"err" + b"\n" + protocol.OUTPUT_MARKER + b"n3:\n" + b"later\n" + END_MARKER + b"n3:0\n"
+    out = b"before\n" + streams.OUTPUT_MARKER + b"n3:" + shown + b"\nafter\n" + END_MARKER + b"n3:0:\n"
+    err = b"err" + b"\n" + streams.OUTPUT_MARKER + b"n3:\n" + b"later\n" + END_MARKER + b"n3:0\n"
     rng = random.Random(11)
     for _ in range(300):
         seen: list[tuple[str, bytes]] = []
@@ -125,7 +125,7 @@ def test_a_display_keeps_its_place_in_both_streams_however_they_interleave():
             None, 1 << 20, "n3", lambda kind, data, seen=seen: seen.append((kind, data))
         )
         pieces = []
-        for stream, data in ((protocol.STDOUT, out), (protocol.STDERR, err)):
+        for stream, data in ((streams.STDOUT, out), (streams.STDERR, err)):
             cuts = sorted(rng.sample(range(1, len(data)), rng.randint(0, 6)))
             pieces.append([(stream, data[a:b]) for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)])
         while pieces[0] or pieces[1]:  # the two streams interleaved at random, each in its order
@@ -147,18 +147,18 @@ def test_thousands_of_displays_in_one_read_keep_their_order():
     import base64 as b64
     import json as js
 
-    from sandloop.runtime import protocol
+    from sandloop.runtime import protocol, streams
 
     n = 5000
     lines = [
         b64.b64encode(js.dumps({"type": "display_data", "data": {"text/plain": str(i)}}).encode()) for i in range(n)
     ]
-    out = b"".join(protocol.OUTPUT_MARKER + b"n5:" + line + b"\n" for line in lines) + END_MARKER + b"n5:0:\n"
-    err = b"".join(b"e%d\n" % i + protocol.OUTPUT_MARKER + b"n5:\n" for i in range(n)) + END_MARKER + b"n5:0\n"
+    out = b"".join(streams.OUTPUT_MARKER + b"n5:" + line + b"\n" for line in lines) + END_MARKER + b"n5:0:\n"
+    err = b"".join(b"e%d\n" % i + streams.OUTPUT_MARKER + b"n5:\n" for i in range(n)) + END_MARKER + b"n5:0\n"
     seen: list[tuple[str, bytes]] = []
     collector = protocol.cell_collector(None, 1 << 24, "n5", lambda kind, data: seen.append((kind, data)))
-    collector.feed(protocol.STDOUT, out)
-    collector.feed(protocol.STDERR, err)
+    collector.feed(streams.STDOUT, out)
+    collector.feed(streams.STDERR, err)
     assert collector.exit_status == 0
     assert [(k, d if k == "stderr" else js.loads(d)["data"]["text/plain"]) for k, d in seen] == [
         pair for i in range(n) for pair in (("stderr", b"e%d\n" % i), ("display", str(i)))
@@ -171,15 +171,13 @@ def test_a_display_whose_mark_never_comes_still_goes_when_stderr_ends():
     import base64 as b64
     import json as js
 
-    from sandloop.runtime import protocol
+    from sandloop.runtime import protocol, streams
 
     shown = b64.b64encode(js.dumps({"type": "display_data", "data": {"text/plain": "x"}}).encode())
     seen: list[tuple[str, bytes]] = []
     collector = protocol.cell_collector(None, 1 << 20, "n4", lambda kind, data: seen.append((kind, data)))
-    collector.feed(
-        protocol.STDOUT, b"a\n" + protocol.OUTPUT_MARKER + b"n4:" + shown + b"\nb\n" + END_MARKER + b"n4:0:\n"
-    )
+    collector.feed(streams.STDOUT, b"a\n" + streams.OUTPUT_MARKER + b"n4:" + shown + b"\nb\n" + END_MARKER + b"n4:0:\n")
     assert [k for k, _ in seen] == ["stdout"] and collector.exit_status is None
-    collector.feed(protocol.STDERR, END_MARKER + b"n4:0\n")
+    collector.feed(streams.STDERR, END_MARKER + b"n4:0\n")
     assert [(k, d) for k, d in seen if k == "stdout"] == [("stdout", b"a\n"), ("stdout", b"b\n")]
     assert [k for k, _ in seen] == ["stdout", "display", "stdout"] and collector.exit_status == 0

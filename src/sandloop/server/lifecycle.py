@@ -44,7 +44,7 @@ def serve_forever(app: ASGIApp, host: str, port: int, head_timeout: float = HEAD
     descriptor limit raised (the egress proxy holds two per connection it relays)."""
     import uvicorn
 
-    from sandloop.runtime.egress.proxy import raise_open_files
+    from sandloop.runtime.egress.host import raise_open_files
 
     raise_open_files()
     uvicorn.run(app, host=host, port=port, log_level="info", http=_head_timeout_protocol(head_timeout))

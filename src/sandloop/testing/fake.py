@@ -36,7 +36,7 @@ from sandloop.contract import CellResult, ExecutionResult, InvalidArgument, Sand
 from sandloop.contract.egress import Secret
 from sandloop.paths import default_home
 from sandloop.recipe_hash import RECIPE_DIR
-from sandloop.runtime import protocol
+from sandloop.runtime import protocol, streams
 from sandloop.runtime.base import BackendInfo, Owned, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL, owner_labels
 
@@ -48,7 +48,7 @@ class PipeChannel:
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None and proc.stderr is not None
-        self._fds = {proc.stdout.fileno(): protocol.STDOUT, proc.stderr.fileno(): protocol.STDERR}
+        self._fds = {proc.stdout.fileno(): streams.STDOUT, proc.stderr.fileno(): streams.STDERR}
         self.pending: list[tuple[int, bytes]] = []
 
     def read(self, timeout: float) -> list[tuple[int, bytes]] | None:
@@ -91,7 +91,7 @@ class FakeSandbox:
     directory: Path
     labels: dict[str, str]
     used: bool = False
-    collector: protocol.Collector | None = None
+    collector: streams.Collector | None = None
     writer: threading.Thread | None = field(default=None, repr=False)
 
 
@@ -181,9 +181,9 @@ class FakeBackend:
         sandbox.writer.start()
         emit = request.on_output
         limit = request.limits.output_limit
-        collector = protocol.Collector(
-            protocol.CappedStream(limit, emit and functools.partial(emit, "stdout")),
-            protocol.CappedStream(limit, emit and functools.partial(emit, "stderr")),
+        collector = streams.Collector(
+            streams.CappedStream(limit, emit and functools.partial(emit, "stdout")),
+            streams.CappedStream(limit, emit and functools.partial(emit, "stderr")),
             nonce,
         )
         finished = protocol.collect(sandbox.channel, collector, deadline)

@@ -32,7 +32,7 @@ from sandloop.contract import (
 )
 from sandloop.contract.egress import Secret
 from sandloop.paths import default_home
-from sandloop.runtime import pagecache, protocol
+from sandloop.runtime import pagecache, protocol, streams
 from sandloop.runtime.base import BackendInfo, RunRequest, SandboxSpec, WorkspaceRef
 from sandloop.runtime.cgroup import memory_oom_kills
 from sandloop.runtime.docker.builder import DockerBuilder
@@ -43,7 +43,7 @@ from sandloop.runtime.docker.housekeeping import DockerHousekeeping
 from sandloop.runtime.docker.stream import SocketChannel
 from sandloop.runtime.docker.workspace import DockerWorkspaces, can_enforce_quotas
 from sandloop.runtime.egress import EgressProxy
-from sandloop.runtime.egress.proxy import egress_state, kernel_egress_key
+from sandloop.runtime.egress.host import egress_state, kernel_egress_key
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class LiveSandbox:
     used: bool = False
     writer: threading.Thread | None = None
     #: A session interpreter's collector for its last cell (output after its end line carries over).
-    collector: protocol.Collector | None = None
+    collector: streams.Collector | None = None
     #: Its key with the egress proxy, when it has an allowlist.
     egress: str | None = None
     #: Interrupts its cell (SIGINT to its PID 1); None: through the engine. A sandbox the engine

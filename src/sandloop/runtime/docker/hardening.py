@@ -11,7 +11,7 @@ from typing import Any
 from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 from sandloop.contract import SandboxLimits
 from sandloop.runtime.base import SandboxSpec
-from sandloop.runtime.egress.proxy import SANDBOX_DIR, sandbox_env
+from sandloop.runtime.egress.host import SANDBOX_DIR, sandbox_env
 from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
 from sandloop.runtime.tmpfs import host_tmpfs_needed, tmp_options
 

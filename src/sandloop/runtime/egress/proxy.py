@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import ipaddress
 import json
 import logging
-import os
 import shutil
 import socket
 import ssl
-import tempfile
 import threading
 import time
 import uuid
@@ -40,6 +37,7 @@ from pathlib import Path
 
 from sandloop.contract.egress import EgressAttempt, Secret, allows
 from sandloop.runtime.egress.authority import CertificateAuthority
+from sandloop.runtime.egress.host import SOCKET_NAME, listener_in_netns
 from sandloop.runtime.egress.wire import (  # noqa: F401 - HEAD_LIMIT, as tests read it here
     HEAD_LIMIT,
     PIPE_CHUNK,
@@ -60,11 +58,6 @@ from sandloop.runtime.labels import owner_id
 
 log = logging.getLogger(__name__)
 
-#: Where the socket appears inside the sandbox (the launcher and the image know it).
-SANDBOX_DIR = "/run/sandloop-egress"
-SOCKET_NAME = "proxy.sock"
-#: The relay's address inside the sandbox.
-RELAY = "127.0.0.1:3128"
 #: Most attempts kept per sandbox (the rest are counted).
 MAX_ATTEMPTS = 1000
 #: Most connections one sandbox may hold open through the proxy at once.
@@ -78,40 +71,9 @@ CONNECT_TIMEOUT = 10.0
 Resolver = Callable[[str, int], list[str]]
 
 
-def egress_state() -> Path:
-    """Where sandboxes' proxy sockets live: a short path (a socket's is limited to 107 bytes)."""
-    if os.geteuid() == 0:
-        return Path("/run/sandloop/egress")
-    return Path(tempfile.gettempdir()) / f"sandloop-egress-{os.getuid()}"
-
-
-def kernel_egress_key(session_id: str) -> str:
-    """A session's interpreter's egress directory name: found again from any process."""
-    return f"kernel-{session_id}"
-
-
 def system_resolve(host: str, port: int) -> list[str]:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
-def sandbox_env(relay: bool) -> dict[str, str]:
-    """The environment that points a sandbox's tools at ``RELAY``: served by the launcher's relay
-    to the socket (``relay``), or by the proxy itself inside the sandbox's network namespace."""
-    url = f"http://{RELAY}"
-    return {
-        **({"SANDLOOP_EGRESS_SOCKET": f"{SANDBOX_DIR}/{SOCKET_NAME}"} if relay else {}),
-        "HTTP_PROXY": url,
-        "HTTPS_PROXY": url,
-        "http_proxy": url,
-        "https_proxy": url,
-        "NO_PROXY": "",
-        "no_proxy": "",
-        "PIP_PROXY": url,
-        "npm_config_proxy": url,
-        "npm_config_https_proxy": url,
-        "NODE_OPTIONS": "--require /opt/sandloop/egress-fetch.js",
-    }
 
 
 @dataclass
@@ -227,7 +189,7 @@ class EgressProxy:
         runc sandbox's; needs root): its clients then reach the proxy directly, with no relay of
         its own (measured: the in-sandbox relay added ~5 ms to every CONNECT)."""
         box = self._boxes[key]
-        listener = _listener_in_netns(pid)
+        listener = listener_in_netns(pid)
 
         async def start() -> asyncio.AbstractServer:
             return await asyncio.start_server(lambda r, w: self._accept(box, r, w), sock=listener, limit=HEAD_LIMIT)
@@ -582,63 +544,3 @@ class EgressProxy:
         if not addresses:
             raise Refused(f"{host} does not resolve")
         return addresses[0], port
-
-
-_CLONE_NEWNET = 0x40000000
-
-
-def _listener_in_netns(pid: int) -> socket.socket:
-    """A TCP socket listening on ``RELAY`` in the network namespace of ``pid``. Made on a thread of
-    its own that enters the namespace and then ends (a socket keeps the namespace it was made in;
-    no other thread of this process ever changes namespace)."""
-    made: dict[str, object] = {}
-
-    def make() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
-            try:
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns into the sandbox's network namespace: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            host, port = RELAY.split(":")
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            # A session's interpreter may be served by two processes at once (each attached).
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, int(port)))
-            sock.listen(128)
-            sock.setblocking(False)
-            made["socket"] = sock
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            made["error"] = exc
-
-    thread = threading.Thread(target=make, name="sandloop-egress-netns")
-    thread.start()
-    thread.join()
-    if "error" in made:
-        raise made["error"]  # type: ignore[misc]
-    return made["socket"]  # type: ignore[return-value]
-
-
-def raise_open_files() -> int:
-    """Lift this process's soft descriptor limit to its hard one (a server holds a relay's two
-    descriptors per proxied connection); returns the limit now in force. Never raises."""
-    import resource
-
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard == resource.RLIM_INFINITY:
-            hard = max(soft, 1 << 20)
-        if soft < hard:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ValueError, OSError):
-        return -1
-
-
-def sandbox_mount(directory: Path) -> tuple[str, str]:
-    """(host directory, where it goes in the sandbox)."""
-    return str(directory), SANDBOX_DIR

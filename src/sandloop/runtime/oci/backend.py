@@ -30,12 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import importlib.metadata
 import json
 import logging
-import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -43,7 +39,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +52,6 @@ from sandloop.runtime.oci import bwrap
 from sandloop.runtime.oci.bundle import (
     BWRAP,
     CGROUP_PARENT,
-    DIRECT_RUNTIMES,
     HOST_TMP,
     SUBREAPER,
     DirectSandbox,
@@ -78,6 +72,7 @@ from sandloop.runtime.oci.config import (
     parity_problems,
 )
 from sandloop.runtime.oci.generate import docker_config
+from sandloop.runtime.oci.host_check import check_host, config_salt
 from sandloop.runtime.oci.kernels import DirectKernel, DirectKernels, checkpoint_whole, is_kernel_spec
 from sandloop.runtime.oci.store import RootfsStore
 from sandloop.runtime.oci.teardown import Teardowns
@@ -102,8 +97,6 @@ NO_ENGINE_HINT = (
     "runs and sessions on runc and runsc work without it; for the rest, start Docker and drop engine=false "
     "from SANDLOOP_BACKEND"
 )
-#: The arguments runsc gets without an engine (scripts/engine-up.sh registers it with Docker so).
-RUNSC_ARGS = ("--platform=ptrace", "--network=none")
 
 
 class OCIBackend:
@@ -174,62 +167,10 @@ class OCIBackend:
         return self.teardowns.collect_garbage(self.store.gc)
 
     def _check_host(self) -> str | None:
-        if os.geteuid() != 0:
-            return "the direct backend needs root (it starts runc itself)"
-        if not self.engine:
-            return self._check_host_without_engine()
-        raw = self.docker.engine_info()
-        if str(raw.get("CgroupVersion")) != "1" or raw.get("CgroupDriver") != "cgroupfs":
-            return (
-                f"only cgroup v1 with the cgroupfs driver is verified (this engine: "
-                f"v{raw.get('CgroupVersion')} {raw.get('CgroupDriver')})"
-            )
-        if (raw.get("SecurityOptions") or []) and any(
-            "apparmor" in o or "selinux" in o for o in raw["SecurityOptions"]
-        ):
-            return "the engine applies AppArmor or SELinux profiles, which the direct backend does not load"
-        for name, entry in (raw.get("Runtimes") or {}).items():
-            if name in DIRECT_RUNTIMES:
-                path = shutil.which(entry.get("path") or name)
-                if path:
-                    self._runtimes[name] = [path, *(entry.get("runtimeArgs") or [])]
-        if not self._runtimes:
-            return f"none of {', '.join(DIRECT_RUNTIMES)} is registered with the engine and installed"
-        return None
-
-    def _check_host_without_engine(self) -> str | None:
-        """What the engine's info says otherwise: cgroup v1 (read from the host's mounts), and the
-        runtimes found on PATH (runsc with the arguments scripts/engine-up.sh registers it with)."""
-        mounts = Path("/proc/self/mounts").read_text().split("\n")
-        if not any(line.split()[1:3] == ["/sys/fs/cgroup/memory", "cgroup"] for line in mounts if line):
-            return "only cgroup v1 (a memory hierarchy at /sys/fs/cgroup/memory) is verified"
-        for name, args in (("runc", []), ("runsc", list(RUNSC_ARGS))):
-            path = shutil.which(name)
-            if path:
-                self._runtimes[name] = [path, *args]
-        if "runc" not in self._runtimes:
-            return "runc is not installed (apt-get install runc)"
-        return None
+        return check_host(self.docker.engine_info() if self.engine else None, self._runtimes)
 
     def _salt(self) -> str:
-        if not self.engine:  # the configs are made here: this code and the profile shape them
-            code = b"".join(
-                resources.files(pkg).joinpath(name).read_bytes()
-                for pkg, name in (("sandloop.runtime.docker", "seccomp.json"), ("sandloop.runtime.oci", "generate.py"))
-            )
-            return json.dumps(["made here", self._runtimes, hashlib.sha256(code).hexdigest()], sort_keys=True)
-        raw = self.docker.engine_info()
-        # The profile and the code that shapes Docker's config: a change to either is a new template.
-        docker_dir = resources.files("sandloop.runtime.docker")
-        seccomp = b"".join(docker_dir.joinpath(name).read_bytes() for name in ("seccomp.json", "hardening.py"))
-        try:  # the installed distribution's version (importing the package root would run upward)
-            version = importlib.metadata.version("sandloop")
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown"
-        return json.dumps(
-            [raw.get("ServerVersion"), raw.get("Runtimes"), version, hashlib.sha256(seccomp).hexdigest()],
-            sort_keys=True,
-        )
+        return config_salt(self.docker.engine_info() if self.engine else None, self._runtimes)
 
     def _capture(self, spec: SandboxSpec) -> dict[str, Any]:
         """Docker's config for ``spec``, read from the bundle of a container Docker started (made
