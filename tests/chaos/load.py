@@ -141,3 +141,38 @@ def leftovers(sessions: list[str]) -> list[str]:
 def pid_of(program: str) -> int | None:
     out = subprocess.run(["pgrep", "-x", program], capture_output=True, text=True).stdout.split()
     return int(out[0]) if out else None
+
+
+BACKENDS = ("docker", "oci")
+
+
+class Loads:
+    """The same load on each backend at once, each root with a home of its own: one engine fault
+    is seen by both (before, each backend had a fault and an engine restart of its own)."""
+
+    def __init__(self, home: Path, settings: dict, **load_kw) -> None:
+        from sandloop import Settings
+
+        self.roots = {b: Sandloop(Settings(backend=b, home=home / b, **settings)) for b in BACKENDS}
+        self.loads = {b: Load(root, **load_kw) for b, root in self.roots.items()}
+
+    def start(self) -> None:
+        for load in self.loads.values():
+            load.start()
+
+    def wait_for_recovery(self, since: float, within: float) -> float:
+        """Seconds from ``since`` until both have served a correct run started after it."""
+        return max(load.wait_for_recovery(since, within) for load in self.loads.values())
+
+    def finish(self) -> None:
+        """Every load stopped (each request ended) before any root closes."""
+        try:
+            for load in self.loads.values():
+                load.finish()
+        finally:
+            for root in self.roots.values():
+                root.close()
+
+    @property
+    def sessions(self) -> list[str]:
+        return [sid for load in self.loads.values() for sid in load.sessions]
