@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 WORKERS ?= 4
 XDIST = -n $(WORKERS) --dist loadgroup
 
-.PHONY: setup setup-dev run test test-fast images lint bench bench-backends clean
+.PHONY: setup setup-dev run test test-pass-docker test-pass-direct test-fast images lint bench bench-backends clean
 
 # What running needs (engine, venv, image); setup-dev adds what only the tests need.
 setup:
@@ -38,11 +38,21 @@ run: setup
 NO_ENGINE = {"type": "oci", "engine": false, "store": "/var/lib/sandloop/oci-no-docker"}
 SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/adversarial
 
+# The Docker pass and the two direct ones (runc starting the direct runs; no engine at all) run
+# side by side, each one's output printed whole when it ends (make -O); then the Docker pass's
+# serial tests alone.
 test: setup-dev
 	$(VENV)/bin/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -m serial $(PYTEST_ARGS)
-	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS) $(SECOND_PASS)
+	@echo "== the Docker pass and the direct passes (runc, no engine) side by side: each prints when it ends"
+	$(MAKE) --no-print-directory -j2 -O test-pass-docker test-pass-direct
 	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest -m serial $(PYTEST_ARGS) $(SECOND_PASS)
+
+# Parts of `make test` (they set nothing up).
+test-pass-docker:
+	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS) $(SECOND_PASS)
+
+test-pass-direct:
 	SANDLOOP_BACKEND='{"type": "oci", "runc_with": "runc"}' $(VENV)/bin/python -m pytest $(XDIST) $(PYTEST_ARGS) tests/integration/test_isolation.py
 	SANDLOOP_BACKEND='$(NO_ENGINE)' $(VENV)/bin/sandloop images build --no-docker
 	SANDLOOP_BACKEND='$(NO_ENGINE)' $(VENV)/bin/python -m pytest $(XDIST) $(PYTEST_ARGS) tests/integration/test_isolation.py
