@@ -66,6 +66,31 @@ def _module_scoped(item: pytest.Item) -> bool:
 
 
 # First: xdist's own hook (on a worker) reads the xdist_group marks to name each test's group.
+#: SANDLOOP_TEST_TIMELINE=FILE: each test's worker, start and end appended to FILE as JSON lines
+#: (where a parallel pass's time goes: which worker waited, which group ran last).
+TIMELINE = os.environ.get("SANDLOOP_TEST_TIMELINE")
+
+
+if TIMELINE:
+    import json
+    import time
+
+    _started: dict[str, float] = {}
+
+    def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+        _started[nodeid] = time.time()
+
+    def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
+        line = {
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            "test": nodeid,
+            "start": _started.pop(nodeid, time.time()),
+            "end": time.time(),
+        }
+        with open(TIMELINE, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
