@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from sandloop.server.e2b import template_uploads as uploads_module
 from sandloop.server.e2b import templates as module
 from sandloop.server.e2b.service import E2BError
 from sandloop.server.e2b.templates import E2BTemplates
@@ -102,15 +103,15 @@ def test_a_keys_uploads_are_a_bounded_cache(tmp_path, monkeypatch):
     """A valid key cannot fill the disk with COPY archives: its folder holds at most
     ``MAX_UPLOADS_BYTES_PER_KEY`` with what uploads in flight reserve; the least recently used
     archive goes first (a use marks it), and past the budget an upload is refused with 429."""
-    monkeypatch.setattr(module, "MAX_UPLOADS_BYTES_PER_KEY", 100)
-    monkeypatch.setattr(module, "MAX_UPLOAD_BYTES", 40)
-    server = _server(tmp_path)
+    monkeypatch.setattr(uploads_module, "MAX_UPLOADS_BYTES_PER_KEY", 100)
+    monkeypatch.setattr(uploads_module, "MAX_UPLOAD_BYTES", 40)
+    server = _server(tmp_path).uploads
     folder = tmp_path / "key"
     folder.mkdir()
     for age, name in enumerate(("old", "used", "new")):
         (folder / f"{name}.tar").write_bytes(b"x" * 30)
         os.utime(folder / f"{name}.tar", (1000 + age, 1000 + age))
-    assert module._touch(folder / "old.tar")  # used just now: kept longest
+    assert uploads_module.touch(folder / "old.tar")  # used just now: kept longest
     first = server.reserve_upload(folder / "a.tar")
     assert first == 40 and sorted(p.name for p in folder.iterdir()) == ["new.tar", "old.tar"]
     assert server.reserve_upload(folder / "b.tar") == 40  # beside 40 reserved: both others go
@@ -121,4 +122,4 @@ def test_a_keys_uploads_are_a_bounded_cache(tmp_path, monkeypatch):
     assert full.value.status == 429 and "wait for them to finish" in full.value.message
     server.release_upload(folder / "a.tar", first)
     assert server.reserve_upload(folder / "d.tar") == 40
-    assert not module._touch(folder / "missing.tar")
+    assert not uploads_module.touch(folder / "missing.tar")

@@ -30,7 +30,8 @@ from sandloop.contract import SandboxError
 from sandloop.server.context import Api
 from sandloop.server.e2b import mount_e2b
 from sandloop.server.e2b.control import CONTROL_PATH
-from sandloop.server.e2b.templates import MAX_UPLOAD_BYTES, TEMPLATE_PATH, UPLOAD_PATH
+from sandloop.server.e2b.template_uploads import MAX_UPLOAD_BYTES, UPLOAD_PATH
+from sandloop.server.e2b.templates import TEMPLATE_PATH
 from sandloop.server.errors import ApiError, error_for
 from sandloop.server.guard import RequestGuard
 from sandloop.server.models import MAX_ARCHIVE_BYTES, MAX_FILE_BYTES, MAX_JSON_BYTES

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from sandloop.server.e2b.service import E2B
 
 #: Every /templates... and /v<N>/templates... path is E2B's template API.
-from sandloop.server.e2b.templates import E2BTemplates, too_large
+from sandloop.server.e2b.template_uploads import too_large
+from sandloop.server.e2b.templates import E2BTemplates
 
 
 def template_api_routes(e2b: E2B) -> Any:
@@ -37,15 +38,15 @@ def template_api_routes(e2b: E2B) -> Any:
 
     @router.get("/templates/{template_id}/files/{files_hash}", status_code=201)
     def upload_link(template_id: str, files_hash: str, request: Request, token: Auth) -> dict[str, Any]:
-        return templates.upload_link(token, template_id, files_hash, str(request.base_url))
+        return templates.uploads.upload_link(token, template_id, files_hash, str(request.base_url))
 
     @router.put("/templates/{template_id}/files/{files_hash}/upload")
     async def upload(template_id: str, files_hash: str, request: Request) -> Response:
-        target = templates.check_upload(template_id, files_hash, dict(request.query_params))
+        target = templates.uploads.check_upload(template_id, files_hash, dict(request.query_params))
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
         size = 0
-        limit = templates.reserve_upload(target)
+        limit = templates.uploads.reserve_upload(target)
         try:
             with open(partial, "wb") as f:
                 async for chunk in request.stream():
@@ -56,7 +57,7 @@ def template_api_routes(e2b: E2B) -> Any:
             os.replace(partial, target)
         finally:
             partial.unlink(missing_ok=True)
-            templates.release_upload(target, limit)
+            templates.uploads.release_upload(target, limit)
         return Response(status_code=200)
 
     @router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
