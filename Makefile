@@ -38,14 +38,14 @@ run: setup
 NO_ENGINE = {"type": "oci", "engine": false, "store": "/var/lib/sandloop/oci-no-docker"}
 SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/adversarial
 
-# The Docker pass and the two direct ones (runc starting the direct runs; no engine at all) run
-# side by side, each one's output printed whole when it ends (make -O); then the Docker pass's
-# serial tests alone.
+# The Docker pass, the two direct ones (runc starting the direct runs; no engine at all) and the
+# linters run side by side, each one's output printed whole when it ends (make -O); then the
+# Docker pass's serial tests alone.
 test: setup-dev
 	$(VENV)/bin/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -m serial $(PYTEST_ARGS)
-	@echo "== the Docker pass and the direct passes (runc, no engine) side by side: each prints when it ends"
-	$(MAKE) --no-print-directory -j2 -O test-pass-docker test-pass-direct
+	@echo "== the Docker pass, the direct passes (runc, no engine) and lint side by side: each prints when it ends"
+	$(MAKE) --no-print-directory -j3 -O test-pass-docker test-pass-direct lint
 	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest -m serial $(PYTEST_ARGS) $(SECOND_PASS)
 
 # Parts of `make test` (they set nothing up).

@@ -42,16 +42,43 @@ bash scripts/engine-up.sh
 # bubblewrap starts runc-class sandboxes at a fraction of runc's cost (runtime/oci/bwrap.py).
 have bwrap bubblewrap "runc-class sandboxes start with runc"
 
-next "virtualenv $VENV with sandloop"
+# The oldest E2B SDKs sandloop's E2B-compatible API supports, in a venv of their own (the tests
+# drive them from there; the newest are in the dev extras): made beside the main install, waited
+# for in its own step.
+OLD_E2B="${SANDLOOP_OLD_E2B_VENV:-.venv-e2b-old}"
+OLD_E2B_STAMP="$OLD_E2B/.installed-2.26.0-2.9.0"
+old_e2b_pid=""
+if [ "$DEV" = 1 ] && [ ! -f "$OLD_E2B_STAMP" ]; then
+    old_e2b_log=$(mktemp /tmp/sandloop-setup-e2b-old.XXXXXX)
+    trap 'kill "$old_e2b_pid" 2>/dev/null; rm -f "$old_e2b_log"' EXIT
+    (
+        "$PYTHON" -m venv "$OLD_E2B" &&
+            "$OLD_E2B/bin/pip" install --quiet --disable-pip-version-check "e2b==2.26.0" "e2b-code-interpreter==2.9.0" &&
+            "$OLD_E2B/bin/python" -c "import e2b_code_interpreter" &&
+            touch "$OLD_E2B_STAMP"
+    ) >"$old_e2b_log" 2>&1 &
+    old_e2b_pid=$!
+fi
+
+next "virtualenv $VENV with sandloop$([ "$DEV" = 1 ] && echo ' and the dev extras')"
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 stamp="$VENV/.sandloop-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    # What running needs: the CLI, the HTTP server (sandloop serve) and MCP; not the test tools.
-    pip_quiet "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[server,mcp]"
+dev_stamp="$VENV/.sandloop-installed-dev"
+stale() { [ ! -f "$1" ] || [ pyproject.toml -nt "$1" ]; }
+if stale "$stamp" || { [ "$DEV" = 1 ] && stale "$dev_stamp"; }; then
+    # What running needs: the CLI, the HTTP server (sandloop serve) and MCP; with --dev the test
+    # tools too, in the same install (one resolution, not two).
+    extras="server,mcp"
+    [ "$DEV" = 1 ] && extras="server,mcp,dev"
+    pip_quiet "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[$extras]"
     "$VENV/bin/python" -c "import sandloop, docker" # fail here, not later, if the install broke
     touch "$stamp"
+    if [ "$DEV" = 1 ]; then
+        "$VENV/bin/python" -c "import pytest"
+        touch "$dev_stamp"
+    fi
 fi
 
 next "runtime image (sandloop images build; offline, about a minute the first time)"
@@ -59,8 +86,7 @@ next "runtime image (sandloop images build; offline, about a minute the first ti
 
 if [ "$DEV" = 1 ]; then
     next "dev dependencies into $VENV (pytest, the SDKs the tests drive, ruff, mypy)"
-    dev_stamp="$VENV/.sandloop-installed-dev"
-    if [ ! -f "$dev_stamp" ] || [ pyproject.toml -nt "$dev_stamp" ]; then
+    if stale "$dev_stamp"; then  # installed with the venv's step above; here only if that was skipped
         pip_quiet "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[dev]"
         "$VENV/bin/python" -c "import sandloop, docker, pytest"
         touch "$dev_stamp"
@@ -70,15 +96,12 @@ if [ "$DEV" = 1 ]; then
     next "Debian's chromium for the browser tests"
     have chromium chromium "the playground's browser tests will fail"
 
-    # The oldest E2B SDKs sandloop's E2B-compatible API supports, in a venv of their own (the tests
-    # drive them from there; the newest are in the dev extras).
-    OLD_E2B="${SANDLOOP_OLD_E2B_VENV:-.venv-e2b-old}"
     next "$OLD_E2B: the oldest E2B SDKs (e2b 2.26.0, e2b-code-interpreter 2.9.0)"
-    if [ ! -f "$OLD_E2B/.installed-2.26.0-2.9.0" ]; then
-        "$PYTHON" -m venv "$OLD_E2B"
-        pip_quiet "$OLD_E2B/bin/pip" install --quiet --disable-pip-version-check "e2b==2.26.0" "e2b-code-interpreter==2.9.0"
-        "$OLD_E2B/bin/python" -c "import e2b_code_interpreter"
-        touch "$OLD_E2B/.installed-2.26.0-2.9.0"
+    if [ -n "$old_e2b_pid" ] && ! wait "$old_e2b_pid"; then
+        grep -v '^WARNING: Location' "$old_e2b_log" >&2 || true
+        echo "setup: the oldest E2B SDKs could not be installed into $OLD_E2B (above)" >&2
+        exit 1
     fi
+    old_e2b_pid=""
 fi
 printf 'setup: ... done in %ss; all set up in %ss\n' "$((SECONDS - started))" "$((SECONDS - began))" >&2
