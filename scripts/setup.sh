@@ -50,7 +50,7 @@ OLD_E2B_STAMP="$OLD_E2B/.installed-2.26.0-2.9.0"
 old_e2b_pid=""
 if [ "$DEV" = 1 ] && [ ! -f "$OLD_E2B_STAMP" ]; then
     old_e2b_log=$(mktemp /tmp/sandloop-setup-e2b-old.XXXXXX)
-    trap 'kill "$old_e2b_pid" 2>/dev/null; rm -f "$old_e2b_log"' EXIT
+    trap '[ -z "$old_e2b_pid" ] || kill "$old_e2b_pid" 2>/dev/null || true; rm -f "$old_e2b_log"' EXIT
     (
         "$PYTHON" -m venv "$OLD_E2B" &&
             "$OLD_E2B/bin/pip" install --quiet --disable-pip-version-check "e2b==2.26.0" "e2b-code-interpreter==2.9.0" &&
