@@ -104,12 +104,14 @@ def _cpu_seconds(path: str) -> float:
     return int(usage) / 1e6
 
 
-def busiest_container_cpu_share(window: float = 2.0, patience: float = 60.0) -> float:
+def busiest_container_cpu_share(window: float = 2.0, patience: float = 120.0, work: float = 0.5) -> float:
     """CPUs used by this process's busiest running sandbox, read from the host's cgroup.
 
-    Waits until one of our containers is burning CPU, then measures its cgroup's CPU time over
-    ``window`` seconds of the host's clock. This is the exact measure of a CPU quota: gVisor's
-    clock inside the sandbox reads up to 0.91 of a CPU where this reads 0.50 (measured here).
+    Waits until one of our sandboxes has burned ``work`` CPU-seconds while watched (by work done,
+    not by a rate: on a busy host a capped sandbox may get far less than its cap, and an idle
+    pooled one never gets there), then measures its cgroup's CPU time over ``window`` seconds of
+    the host's clock. This is the exact measure of a CPU quota: gVisor's clock inside the sandbox
+    reads up to 0.91 of a CPU where this reads 0.50 (measured here).
     """
     import time
 
@@ -127,23 +129,24 @@ def busiest_container_cpu_share(window: float = 2.0, patience: float = 60.0) -> 
             return out
 
         deadline = time.monotonic() + patience
-        before, t_before = snapshot(), time.monotonic()
+        base: dict[str, float] = {}  # each sandbox's CPU time when first seen
         while True:
-            time.sleep(0.5)
-            now, t_now = snapshot(), time.monotonic()
-            rates = {p: (now[p] - before[p]) / (t_now - t_before) for p in now if p in before}
-            busy = [p for p, rate in rates.items() if rate > 0.2]
-            assert busy or time.monotonic() < deadline, f"no sandbox of ours burned CPU within {patience} s: {rates}"
-            before, t_before = now, t_now
+            now = snapshot()
+            for p, used in now.items():
+                base.setdefault(p, used)
+            burned = {p: now[p] - base[p] for p in now}
+            busy = [p for p, cpu in burned.items() if cpu >= work]
             if not busy:
+                assert time.monotonic() < deadline, f"no sandbox of ours burned {work} CPU-s within {patience} s"
+                time.sleep(0.25)
                 continue
-            path = max(busy, key=rates.__getitem__)
+            path = max(busy, key=burned.__getitem__)
             try:
                 start, t0 = _cpu_seconds(path), time.monotonic()
                 time.sleep(window)
                 return (_cpu_seconds(path) - start) / (time.monotonic() - t0)
             except OSError:  # it ended within the window: another test's sandbox going, not ours
                 assert time.monotonic() < deadline, f"every busy sandbox of ours ended within {window} s"
-                before, t_before = snapshot(), time.monotonic()
+                base = {}
     finally:
         client.close()

@@ -113,6 +113,23 @@ class Load:
             time.sleep(0.5)
         return time.monotonic() - since
 
+    def served(self, since: float = 0.0) -> dict[str, int]:
+        """Correct outcomes of requests started after ``since``, by kind (run, cell)."""
+        with self.lock:
+            out = {"run": 0, "cell": 0}
+            for kind, outcome, seconds, _, at in self.outcomes:
+                if outcome == "ok" and at - seconds > since:
+                    out[kind] += 1
+            return out
+
+    def wait_served(self, n: int, since: float = 0.0, within: float = 120.0, kinds=("run", "cell")) -> None:
+        """Until ``n`` correct requests of each of ``kinds`` started after ``since`` (the load is
+        under way, or has gone on after a fault): the load's own progress, not a sleep."""
+        deadline = time.monotonic() + within
+        while min(self.served(since)[k] for k in kinds) < n:
+            assert time.monotonic() < deadline, f"{n} runs and cells not served within {within} s: {self.summary()}"
+            time.sleep(0.1)
+
     def finish(self) -> None:
         self.stop.set()
         for t in self.threads:
@@ -163,6 +180,10 @@ class Loads:
     def wait_for_recovery(self, since: float, within: float) -> float:
         """Seconds from ``since`` until both have served a correct run started after it."""
         return max(load.wait_for_recovery(since, within) for load in self.loads.values())
+
+    def wait_served(self, n: int, since: float = 0.0, within: float = 120.0, kinds=("run", "cell")) -> None:
+        for load in self.loads.values():
+            load.wait_served(n, since, within, kinds)
 
     def finish(self) -> None:
         """Every load stopped (each request ended) before any root closes."""

@@ -51,14 +51,14 @@ def test_engine_dies_mid_burst_then_restarts(sig, tmp_path):
     loads = Loads(tmp_path, {"pool_size": 2, "engine_timeout": ENGINE_TIMEOUT}, bound=BOUND)
     try:
         loads.start()
-        time.sleep(5)
+        loads.wait_served(3)  # under way on both: runs and cells served
         killed_at = time.monotonic()
         os.kill(pid, sig)
-        time.sleep(3)
+        time.sleep(3)  # the engine stays down a while: requests meet the outage
         subprocess.run(["bash", str(ENGINE_UP)], check=True, capture_output=True, timeout=180)
         back_at = time.monotonic()
         recovered_after = loads.wait_for_recovery(back_at, within=90)
-        time.sleep(3)
+        loads.wait_served(5, since=back_at, kinds=("run",))  # and goes on serving runs
     finally:
         loads.finish()
     for backend, load in loads.loads.items():

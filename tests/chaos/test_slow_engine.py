@@ -48,7 +48,7 @@ def test_a_stalled_engine_mid_burst(stalled, tmp_path):
     stopped = False
     try:
         loads.start()
-        time.sleep(4)
+        loads.wait_served(3)  # under way on both: runs and cells served
         stalled_at = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
         stopped = True
@@ -57,7 +57,7 @@ def test_a_stalled_engine_mid_burst(stalled, tmp_path):
         stopped = False
         back_at = time.monotonic()
         recovered_after = loads.wait_for_recovery(back_at, within=60)
-        time.sleep(2)
+        loads.wait_served(5, since=back_at, kinds=("run",))  # and goes on serving runs
     finally:
         if stopped:
             os.kill(pid, signal.SIGCONT)
