@@ -74,11 +74,13 @@ def test_mcp_over_stdio():
 
 
 def _client(url: str, secret: str) -> Client:
-    import httpx2
+    """The SDK's own HTTP client (its timeouts: 300 s to read a tool's answer; before, httpx's
+    default 5 s failed a session_pause on a busy host with ReadTimeout)."""
     from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
 
     return Client(
-        streamable_http_client(url, http_client=httpx2.AsyncClient(headers={"Authorization": f"Bearer {secret}"}))
+        streamable_http_client(url, http_client=create_mcp_http_client(headers={"Authorization": f"Bearer {secret}"}))
     )
 
 
