@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import shutil
 import tempfile
@@ -15,6 +16,9 @@ from sandloop.server.app import create_app
 from sandloop.server.tokens import TokenStore
 
 _DIR = Path(tempfile.mkdtemp(prefix="fuzz-tokens-"))
+# Made when the module is imported, so in every process that collects it (each xdist worker, and
+# passes that select none of its tests): gone when that process ends, whichever ran the tests.
+atexit.register(shutil.rmtree, _DIR, ignore_errors=True)
 TOKENS = TokenStore(_DIR / "tokens.sqlite")
 SECRET, TOKEN = TOKENS.create("fuzz", max_concurrent=4, runs_per_minute=100_000, max_memory="512m", max_timeout=20)
 schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(TOKENS))
