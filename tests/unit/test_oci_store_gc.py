@@ -5,9 +5,11 @@ files (four test workers starting together each waited 50-90 s for the same tree
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 
+from sandloop.runtime.labels import owner_id
 from sandloop.runtime.oci import store as store_module
 from sandloop.runtime.oci.store import BUILT, TRASH, RootfsStore
 
@@ -28,7 +30,7 @@ def test_gone_stores_leave_at_once_and_their_trees_go_on_a_thread_of_their_own(t
     os.utime(half, (time.time() - 3600, time.time() - 3600))
     store = RootfsStore(directory, lambda: None, engine=False)
     store.add_ref("kept:latest", "b" * 64)
-    orphan = directory / f"{TRASH}4194999-{'c' * 32}"  # a pid above Linux's pid_max: exited
+    orphan = directory / f"{TRASH}{socket.gethostname()}:4194999:1234-{'c' * 32}"  # above pid_max: exited
     _tree(orphan)
 
     deleted_on = []
@@ -49,7 +51,7 @@ def test_gone_stores_leave_at_once_and_their_trees_go_on_a_thread_of_their_own(t
 
 def test_trash_of_a_live_process_is_left_to_it(tmp_path):
     directory = tmp_path / "images"
-    theirs = directory / f"{TRASH}1-{'d' * 32}"  # pid 1 runs: its trash is its own to delete
+    theirs = directory / f"{TRASH}{owner_id(1)}-{'d' * 32}"  # pid 1 runs: its trash is its own to delete
     _tree(theirs)
     store = RootfsStore(directory, lambda: None, engine=False)
     assert store.gc() == [] and theirs.is_dir() and store.trash_thread is None

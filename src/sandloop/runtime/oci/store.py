@@ -32,13 +32,14 @@ from typing import Any
 
 from sandloop.contract import HostDiskFull, SandboxError
 from sandloop.paths import unmount_below, write_atomically
+from sandloop.runtime.labels import owner_alive, owner_id
 
 log = logging.getLogger(__name__)
 
 #: The file whose lock keeps two processes from exporting one image at once.
 STORE_LOCK = ".lock"
-#: What ``gc`` moved out of the way, being deleted: ``.trash-<pid>-<uuid>``, by that process (or
-#: by the next ``gc`` once it has exited).
+#: What ``gc`` moved out of the way, being deleted: ``.trash-<owner>-<uuid>``, by that process
+#: (or by the next ``gc`` once it has exited; ``runtime/labels.py`` names owners).
 TRASH = ".trash-"
 #: Left free beside an export (the image's size is its size on Docker's disk; the tree is close).
 EXPORT_RESERVE = 64 * 1024 * 1024
@@ -247,10 +248,10 @@ class RootfsStore:
                 self._ready = {k: v for k, v in self._ready.items() if v != rootfs}
                 removed.append(entry.name)
             for entry in self.directory.iterdir():  # trash of a process that exited first: ours now
-                if entry.name.startswith(TRASH) and not _alive(entry.name[len(TRASH) :].split("-", 1)[0]):
+                if entry.name.startswith(TRASH) and owner_alive(entry.name[len(TRASH) : -33]) is False:
                     with contextlib.suppress(OSError):
                         entry.rename(self._trash_name())
-        mine = f"{TRASH}{os.getpid()}-"
+        mine = self._trash_name().name[:-32]
         if any(entry.name.startswith(mine) for entry in self.directory.iterdir()):
             self.trash_thread = threading.Thread(
                 target=self._empty_trash, args=(mine,), name="sandloop-store-trash", daemon=True
@@ -259,7 +260,9 @@ class RootfsStore:
         return removed
 
     def _trash_name(self) -> Path:
-        return self.directory / f"{TRASH}{os.getpid()}-{uuid.uuid4().hex}"
+        """``.trash-<owner>-<uuid>``: the owner as the reaper names one (host:pid:start time, so a
+        reused pid is not taken for the process that left it)."""
+        return self.directory / f"{TRASH}{owner_id()}-{uuid.uuid4().hex}"
 
     def _discard(self, entry: Path) -> None:
         unmount_below(entry)
@@ -273,14 +276,3 @@ class RootfsStore:
             for entry in self.directory.iterdir():
                 if entry.name.startswith(mine):
                     shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: str) -> bool:
-    """Whether process ``pid`` (a trash name's) still runs: its trash is its own to delete."""
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return int(pid) != 0
