@@ -14,7 +14,7 @@ VENV="${SANDLOOP_VENV:-.venv}"
 DEV=0
 [ "${1:-}" = "--dev" ] && DEV=1
 STEPS=3
-[ "$DEV" = 1 ] && STEPS=6
+[ "$DEV" = 1 ] && STEPS=5
 
 step=0
 began=$SECONDS
@@ -60,7 +60,7 @@ if [ "$DEV" = 1 ] && [ ! -f "$OLD_E2B_STAMP" ]; then
     old_e2b_pid=$!
 fi
 
-next "virtualenv $VENV with sandloop$([ "$DEV" = 1 ] && echo ' and the dev extras')"
+next "virtualenv $VENV with sandloop$([ "$DEV" = 1 ] && echo ' and the dev extras (pytest, the SDKs the tests drive, ruff, mypy)')"
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
@@ -85,13 +85,6 @@ next "runtime image (sandloop images build; offline, about a minute the first ti
 "$VENV/bin/sandloop" images build
 
 if [ "$DEV" = 1 ]; then
-    next "dev dependencies into $VENV (pytest, the SDKs the tests drive, ruff, mypy)"
-    if stale "$dev_stamp"; then  # installed with the venv's step above; here only if that was skipped
-        pip_quiet "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[dev]"
-        "$VENV/bin/python" -c "import sandloop, docker, pytest"
-        touch "$dev_stamp"
-    fi
-
     # Debian's Chromium for the playground's browser tests (Playwright drives it; nothing is downloaded).
     next "Debian's chromium for the browser tests"
     have chromium chromium "the playground's browser tests will fail"

@@ -103,8 +103,7 @@ class Load:
 
     def recovered_since(self, at: float) -> bool:
         """A correct run that started after ``at``."""
-        with self.lock:
-            return any(o[0] == "run" and o[1] == "ok" and o[4] - o[2] > at for o in self.outcomes)
+        return self.served(at)["run"] > 0
 
     def wait_for_recovery(self, since: float, within: float) -> float:
         """Seconds from ``since`` until a correct run that started after it (or ``within``)."""
