@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 WORKERS ?= 4
 XDIST = -n $(WORKERS) --dist loadgroup
 
-.PHONY: setup setup-dev run test test-pass-docker test-pass-direct test-fast images lint bench bench-backends clean
+.PHONY: setup setup-dev run test test-serial test-pass-docker test-pass-direct test-fast images lint bench bench-backends clean
 
 # What running needs (engine, venv, image); setup-dev adds what only the tests need.
 setup:
@@ -38,17 +38,22 @@ run: setup
 NO_ENGINE = {"type": "oci", "engine": false, "store": "/var/lib/sandloop/oci-no-docker"}
 SECOND_PASS = tests/integration/test_isolation.py tests/integration/test_runner.py tests/adversarial
 
-# The Docker pass, the two direct ones (runc starting the direct runs; no engine at all) and the
-# linters run side by side, each one's output printed whole when it ends (make -O); then the
-# Docker pass's serial tests alone.
+# The serial tests beside the linters (which touch no sandbox: the serial tests mostly wait on
+# an engine they stopped); then the Docker pass and the two direct ones (runc starting the direct
+# runs; no engine at all) side by side, each one's output printed whole when it ends (make -O);
+# then the Docker pass's serial tests alone.
 test: setup-dev
 	$(VENV)/bin/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS)
-	$(VENV)/bin/python -m pytest -m serial $(PYTEST_ARGS)
-	@echo "== the Docker pass, the direct passes (runc, no engine) and lint side by side: each prints when it ends"
-	$(MAKE) --no-print-directory -j3 -O test-pass-docker test-pass-direct lint
+	@echo "== the serial tests and lint side by side: each prints when it ends"
+	$(MAKE) --no-print-directory -j2 -O test-serial lint
+	@echo "== the Docker pass and the direct passes (runc, no engine) side by side: each prints when it ends"
+	$(MAKE) --no-print-directory -j2 -O test-pass-docker test-pass-direct
 	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest -m serial $(PYTEST_ARGS) $(SECOND_PASS)
 
 # Parts of `make test` (they set nothing up).
+test-serial:
+	$(VENV)/bin/python -m pytest -m serial $(PYTEST_ARGS)
+
 test-pass-docker:
 	SANDLOOP_BACKEND=docker $(VENV)/bin/python -m pytest $(XDIST) -m "not serial" $(PYTEST_ARGS) $(SECOND_PASS)
 

@@ -50,9 +50,10 @@ def engine_state() -> tuple[str | None, set[str]]:
 #: whose tests share a module-scoped fixture (a server, a session, a built template) runs on one
 #: worker, in order; everything on the (one) local Ray cluster (the contract suite's Ray backend,
 #: test_ray.py) runs on one worker, where that cluster is. Files run alone after the parallel
-#: pass (marker ``serial``): they stop, stall or restart the engine for everyone (chaos/). Every
-#: other test counts only what it made (its process's containers, its cluster's nodes' runs,
-#: the sessions its own calls created), never what the whole host holds.
+#: pass (marker ``serial``): they stop, stall or restart the engine for everyone (chaos/, but for
+#: a file marked ``parallel_ok``: it faults only what it started). Every other test counts only
+#: what it made (its process's containers, its cluster's nodes' runs, the sessions its own calls
+#: created), never what the whole host holds.
 
 
 def _module_scoped(item: pytest.Item) -> bool:
@@ -98,7 +99,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         where = "/".join(parts)
         if parts and parts[0] in ("integration", "adversarial", "chaos"):
             item.add_marker(pytest.mark.docker)
-        if parts and parts[0] == "chaos":
+        if parts and parts[0] == "chaos" and not item.get_closest_marker("parallel_ok"):
             item.add_marker(pytest.mark.serial)
         if "[ray-" in item.nodeid or where == "integration/test_ray.py":
             group = "ray"
