@@ -13,6 +13,8 @@ Three roles, as typed Protocols:
 - ``Workspaces``: a session's persistent /workspace, kept apart from any sandbox.
 - ``ImageBuilder``: template build steps (``images/templates/`` holds the policy); a backend
   that cannot build returns None from ``image_builder()``.
+- ``Reachable``: start a program inside a running session sandbox on a byte stream (ports and
+  terminals ride on it: ``runtime/reach/``).
 - ``Housekeeping``: everything the backend made carries sandloop's labels (``runtime/labels.py``);
   ``owned()`` lists it, ``remove`` removes one item, ``remove_labelled`` all of a session's
   sandboxes, ``retry_removals`` what an overloaded engine failed to remove, ``sweep_orphans``
@@ -338,6 +340,37 @@ class MemorySnapshots(Protocol):
     def checkpoint_whole(self, directory: Path) -> bool:
         """Whether a checkpoint's directory is complete (waits for one still being written by a
         process whose caller was killed)."""
+        ...
+
+
+class ExecStream(Protocol):
+    """A program started inside a running sandbox: its stdin and stdout as one byte stream."""
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes it wrote (waits for some); ``b""`` once it ended. Raises OSError."""
+        ...
+
+    def write(self, data: bytes) -> None:
+        """All of ``data`` to its stdin (waits while it does not read). Raises OSError."""
+        ...
+
+    def close(self) -> None:
+        """Ends it (its stdin closes) and frees the stream; never raises."""
+        ...
+
+
+@runtime_checkable
+class Reachable(Protocol):
+    """A backend that can start a program inside a session's running interpreter sandbox, as
+    one of the sandbox's own processes (its namespaces, cgroup, user, capabilities and system-call
+    filter): the way in for ports and terminals (``runtime/reach/``)."""
+
+    def exec_stream(self, kernel: Any, argv: list[str]) -> ExecStream:
+        """Start ``argv`` in ``kernel``'s sandbox (cwd /workspace).
+
+        Raises:
+            SandboxError: the sandbox is not running, or this kind of sandbox cannot be entered.
+        """
         ...
 
 

@@ -99,6 +99,17 @@ class Kernel:
         """Use this running interpreter (a warm session's) for the next cell."""
         self._sandbox = sandbox
 
+    def handle(self) -> Sandbox:
+        """The running interpreter's sandbox (started if none runs), for a program started beside
+        the interpreter (``Reachable.exec_stream``). Holds no stream of it afterwards that this
+        process did not hold before (another process's cells must not pile up on an idle one)."""
+        with self.locked():
+            held = self._sandbox is not None
+            sandbox = self._connect()
+            if not held:
+                self._drop(remove=False)
+            return sandbox
+
     def _connect(self) -> Sandbox:
         if self._sandbox is not None and self.backend.is_alive(self._sandbox):
             return self._sandbox

@@ -43,6 +43,7 @@ from sandloop.runtime.base import Sandbox, SandboxSpec
 from sandloop.sessions.host import SessionHost, default_host
 from sandloop.sessions.kernel import Kernel, interpreter_spec, lock_file
 from sandloop.sessions.session_files import SessionFiles
+from sandloop.sessions.session_reach import SessionReach, close_reach
 from sandloop.sessions.session_snapshots import SessionSnapshots
 from sandloop.sessions.snapshots import PAUSED, ClusterSnapshots, SnapshotRecord, validate_count
 from sandloop.sessions.store import SESSION_LABEL, WORKSPACE, SessionRecord
@@ -69,7 +70,7 @@ DEFAULT_QUOTA = "256m"
 log = logging.getLogger(__name__)
 
 
-class Session(SessionFiles, SessionSnapshots):
+class Session(SessionFiles, SessionSnapshots, SessionReach):
     """A persistent workspace plus a stateful interpreter. See the module docstring."""
 
     def __init__(
@@ -435,6 +436,7 @@ class Session(SessionFiles, SessionSnapshots):
                 watchers, self._watchers = self._watchers, []
             for watcher in watchers:  # each holds the workspace open: before any unmount
                 watcher.close()
+            close_reach(self.id)
             self._kernel.close()
             self._dispatcher.drop_pools(lambda spec: (SESSION_LABEL, self.id) in spec.labels)
             self._closed = True

@@ -37,6 +37,7 @@ from sandloop.runtime.base import BackendInfo, RunRequest, SandboxSpec, Workspac
 from sandloop.runtime.cgroup import memory_oom_kills
 from sandloop.runtime.docker.builder import DockerBuilder
 from sandloop.runtime.docker.errors import engine_errors
+from sandloop.runtime.docker.exec import DockerExecStream
 from sandloop.runtime.docker.hardening import container_config, egress_relayed
 from sandloop.runtime.docker.health import EngineBreaker
 from sandloop.runtime.docker.housekeeping import DockerHousekeeping
@@ -321,6 +322,10 @@ class DockerBackend(DockerHousekeeping):
         if sandbox.egress is not None:
             result = result.model_copy(update={"egress": self.egress.attempts(sandbox.egress)})
         return result
+
+    def exec_stream(self, kernel: LiveSandbox, argv: list[str]) -> DockerExecStream:
+        with engine_errors(kernel.spec.image, kernel.spec.limits.runtime):
+            return DockerExecStream(self.api, kernel.id, argv)
 
     # -- a session's interpreter ---------------------------------------------------------------
     def run_cell(

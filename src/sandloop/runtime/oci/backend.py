@@ -45,7 +45,16 @@ from typing import Any
 from sandloop.contract import CellResult, EngineUnavailable, ExecutionResult, HostDiskFull, SandboxError, SandboxLimits
 from sandloop.contract.egress import Secret
 from sandloop.runtime import pagecache, protocol
-from sandloop.runtime.base import NO_DOCKER, BackendInfo, ImageBuilder, Owned, RunRequest, SandboxSpec, WorkspaceRef
+from sandloop.runtime.base import (
+    NO_DOCKER,
+    BackendInfo,
+    ExecStream,
+    ImageBuilder,
+    Owned,
+    RunRequest,
+    SandboxSpec,
+    WorkspaceRef,
+)
 from sandloop.runtime.cgroup import memory_oom_kills
 from sandloop.runtime.docker import DockerBackend, LiveSandbox
 from sandloop.runtime.oci import bwrap
@@ -498,6 +507,11 @@ class OCIBackend:
             if found is not None:
                 return found
         return self.docker.find_kernel(session_id, spec) if self.engine else None
+
+    def exec_stream(self, kernel: LiveSandbox, argv: list[str]) -> ExecStream:
+        if isinstance(kernel, DirectKernel):
+            return self.kernels.exec_stream(kernel, argv)
+        return self.docker.exec_stream(kernel, argv)
 
     # -- memory snapshots (kernels.py) ---------------------------------------------------------
     def checkpoint_problem(self, kernel: DirectSandbox | LiveSandbox) -> str | None:

@@ -112,6 +112,36 @@ def _machine_facts() -> dict[str, str]:
     return {"runsc": version.splitlines()[0] if version else "", "cpu": hashlib.sha256(cpu.encode()).hexdigest()[:16]}
 
 
+class ProcessStream:
+    """A host process's stdin and stdout as an ``ExecStream`` (a runtime's ``exec`` of a program
+    inside a sandbox)."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+        assert process.stdin is not None and process.stdout is not None
+        self._in, self._out = process.stdin, process.stdout
+
+    def read(self, n: int) -> bytes:
+        return os.read(self._out.fileno(), n)
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._in.write(data)
+        except ValueError as exc:  # closed meanwhile
+            raise BrokenPipeError(str(exc)) from None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._in.close()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(30)
+        with contextlib.suppress(OSError):
+            self._out.close()
+
+
 class DirectKernels:
     """The direct backend's session interpreters (see the module docstring)."""
 
@@ -285,6 +315,19 @@ class DirectKernels:
             self.destroy(kernel)
             raise SandboxError(f"could not give the restored interpreter its CPU quota ({why}); it was removed")
         kernel.quota_pending = False
+
+    def exec_stream(self, kernel: DirectKernel, argv: list[str]) -> ProcessStream:
+        """``argv`` started in the running interpreter's sandbox by its runtime's ``exec``, as the
+        interpreter's own process spec (user, capabilities, limits, no new privileges) says."""
+        try:
+            process = {**json.loads((kernel.bundle / "config.json").read_text())["process"], "args": argv}
+        except (OSError, ValueError, KeyError) as exc:
+            raise SandboxError(f"session interpreter {kernel.id} is gone ({exc})") from None
+        process.update(cwd="/workspace", terminal=False)
+        spec = kernel.bundle / "reach-process.json"
+        spec.write_text(json.dumps(process))
+        command = self._runtime(kernel.runtime, "exec", "--process", str(spec), kernel.id)
+        return ProcessStream(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0))
 
     def destroy(self, kernel: DirectKernel) -> None:
         kernel.channel.close()

@@ -1,0 +1,137 @@
+"""The reach's two ends (runtime/reach/): the agent run as a plain local process, the host's
+multiplexer over its stdin and stdout. Ports, terminals, refusals, caps and the end of the agent
+as a sandbox would see them, without a sandbox (the sandboxes' own: tests/integration/test_reach.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from sandloop.runtime.oci.kernels import ProcessStream
+from sandloop.runtime.reach import mux
+from sandloop.runtime.reach.mux import PortClosed, Reach, ReachError
+
+
+@pytest.fixture
+def reach(tmp_path):
+    argv = [*mux.AGENT_ARGV]
+    argv[0] = "python3"
+    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, cwd=tmp_path)
+    made = Reach(ProcessStream(process), max_channels=4)
+    yield made
+    made.close()
+    assert process.poll() is not None  # the agent ends with its stream
+
+
+def _echo_server() -> tuple[int, threading.Thread]:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                while data := conn.recv(65536):
+                    conn.sendall(data.upper())
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return listener.getsockname()[1], t
+
+
+def _read_until(channel: mux.Channel, want: bytes, seconds: float = 20.0) -> bytes:
+    got = b""
+    deadline = time.monotonic() + seconds
+    while want not in got:
+        got += channel.recv(max(0.1, deadline - time.monotonic()))
+    return got
+
+
+def test_a_port_carries_bytes_both_ways_and_ends(reach):
+    port, server = _echo_server()
+    channel = reach.connect(port)
+    payload = os.urandom(300_000).hex().encode()  # 600 kB: many frames each way
+    channel.send(payload)
+    assert _read_until(channel, payload.upper()[-64:]) == payload.upper()
+    channel.end_input()  # the server sees the end, closes, and the channel ends
+    assert channel.recv(20) == b""
+    assert channel.ended
+    server.join(20)
+    channel.close()
+    assert reach.open_count() == 0
+
+
+def test_a_closed_port_is_refused_with_its_number(reach):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    with pytest.raises(PortClosed, match=f"nothing listens on port {free}"):
+        reach.connect(free)
+    with pytest.raises(ReachError, match="port must be 1-65535"):
+        reach.connect(70000)
+    assert reach.open_count() == 0
+
+
+def test_a_terminal_runs_resizes_takes_input_and_exits(reach):
+    term = reach.terminal(cols=80, rows=24, cmd=["/bin/bash", "--norc", "-i"], envs={"ABC": "123"}, cwd="/")
+    assert term.pid > 0
+    term.send(b"echo $ABC-$(tput cols)\n")
+    assert b"123-80" in _read_until(term, b"123-80")
+    term.resize(100, 30)
+    term.send(b"echo size=$(tput cols)x$(tput lines)\n")
+    assert b"size=100x30" in _read_until(term, b"size=100x30")
+    term.send(b"exit 3\n")
+    assert term.wait(20) == 3
+
+
+def test_a_terminal_is_killed_by_a_signal(reach):
+    term = reach.terminal(cmd=["/bin/sleep", "60"], cwd="/")
+    term.signal(9)
+    assert term.wait(20) == -9
+
+
+def test_a_program_that_cannot_start_says_why_on_its_terminal(reach):
+    term = reach.terminal(cmd=["/no/such/program"], cwd="/")
+    assert b"cannot start /no/such/program" in _read_until(term, b"cannot start")
+    assert term.wait(20) == 127
+    with pytest.raises(ReachError, match="no such directory in the sandbox: /nowhere"):
+        reach.terminal(cwd="/nowhere")
+
+
+def test_channels_are_capped_per_sandbox(reach):
+    terms = [reach.terminal(cmd=["/bin/sleep", "60"], cwd="/") for _ in range(4)]
+    with pytest.raises(ReachError, match="4 connections and terminals open"):
+        reach.terminal(cmd=["/bin/sleep", "60"], cwd="/")
+    terms[0].close()
+    reach.terminal(cmd=["/bin/sleep", "60"], cwd="/").close()
+    for t in terms[1:]:
+        t.close()
+
+
+def test_when_the_agent_ends_every_channel_ends(reach):
+    term = reach.terminal(cmd=["/bin/sleep", "60"], cwd="/")
+    pid = term.pid
+    reach.stream.close()  # the sandbox went away under it
+    assert term.recv(20) == b""
+    with pytest.raises(ReachError):
+        term.wait(20)
+    deadline = time.monotonic() + 20
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)  # the terminal's program was hung up
+    with pytest.raises(ReachError, match="agent is gone"):
+        reach.connect(80)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
