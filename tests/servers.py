@@ -15,6 +15,8 @@ from pathlib import Path
 
 import uvicorn
 
+from sandloop.server.lifecycle import http_protocol
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -26,7 +28,9 @@ def free_port() -> int:
 def serve_in_thread(app) -> Iterator[str]:
     """``app`` under a real uvicorn on 127.0.0.1; yields its base URL."""
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    # the protocol `sandloop serve` runs (request heads timed, preview URLs handed to sandboxes)
+    protocol = http_protocol(preview=getattr(getattr(app, "state", None), "preview", None))
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=protocol))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

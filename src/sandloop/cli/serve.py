@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 import typer
@@ -53,6 +54,14 @@ def serve(
         str, typer.Option("--metrics", help="Who may read /metrics: token (a valid token), open, or off.")
     ] = "token",
     head_timeout: Annotated[float, _HEAD_TIMEOUT] = 30.0,
+    preview_domain: Annotated[
+        str,
+        typer.Option(
+            "--preview-domain",
+            help="Preview URLs of sandbox ports are <port>-<session id>.DOMAIN on this server's port "
+            "(browsers resolve every *.localhost to this machine; another domain needs a wildcard DNS record).",
+        ),
+    ] = "localhost",
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs). Create a token first: `sandloop tokens create NAME`."""
     try:
@@ -74,8 +83,14 @@ def serve(
     _warn_if_exposed(host, "the HTTP API")
     # The warm pool's sandboxes go when the server stops, not at the next reap.
     access: Literal["token", "open", "off"] = metrics  # type: ignore[assignment]  # checked above
-    app_ = at_shutdown(create_app(providers=endpoints, metrics_access=access), shutdown)
-    serve_forever(app_, host, port, head_timeout)
+    domain = preview_domain.strip().strip(".").lower()
+    if not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)*", domain):
+        raise _fail(
+            f"--preview-domain must be a DNS name such as localhost or preview.example.com, got {preview_domain!r}", 2
+        )
+    fastapi_app = create_app(providers=endpoints, metrics_access=access, preview_domain=domain)
+    app_ = at_shutdown(fastapi_app, shutdown)
+    serve_forever(app_, host, port, head_timeout, preview=fastapi_app.state.preview)
 
 
 @app.command()

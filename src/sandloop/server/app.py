@@ -36,6 +36,7 @@ from sandloop.server.errors import ApiError, error_for
 from sandloop.server.guard import RequestGuard
 from sandloop.server.models import MAX_ARCHIVE_BYTES, MAX_FILE_BYTES, MAX_JSON_BYTES
 from sandloop.server.pages import add_pages
+from sandloop.server.preview import Preview
 from sandloop.server.providers import ProviderEndpoints
 from sandloop.server.quota import QuotaError
 from sandloop.server.runs import runs_routes
@@ -67,10 +68,13 @@ def create_app(
     sandloop: "Sandloop | None" = None,
     providers: ProviderEndpoints | None = None,
     metrics_access: Literal["open", "token", "off"] = "token",
+    preview_domain: str = "localhost",
 ) -> FastAPI:
     """The API over a ``Sandloop`` (default: the process-wide one) and a token store.
     ``providers``: the endpoints agent runs may reach (default: the official ones only).
-    ``metrics_access``: who may read ``/metrics``."""
+    ``metrics_access``: who may read ``/metrics``. ``preview_domain``: preview URLs are
+    ``<port>-<session id>.<preview_domain>`` (``app.state.preview``, served by
+    ``lifecycle.http_protocol``)."""
     from sandloop.root import default_root
 
     root = sandloop or default_root()
@@ -166,5 +170,6 @@ def create_app(
     app.include_router(session_routes(api))
     app.include_router(snapshot_routes(api))
     app.include_router(template_routes(api))
-    mount_e2b(app, api)  # E2B's SDKs: the control plane here, sandbox traffic split off in front
+    e2b = mount_e2b(app, api, preview_domain)  # E2B's SDKs: the control plane here, sandbox traffic split off
+    app.state.preview = Preview(api, e2b, preview_domain)
     return app

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from sandloop.server.preview import Preview
 
 
 def at_shutdown(app: ASGIApp, cleanup: Callable[[], None]) -> ASGIApp:
@@ -39,7 +43,9 @@ def at_shutdown(app: ASGIApp, cleanup: Callable[[], None]) -> ASGIApp:
 HEAD_TIMEOUT_SECONDS = 30.0
 
 
-def serve_forever(app: ASGIApp, host: str, port: int, head_timeout: float = HEAD_TIMEOUT_SECONDS) -> None:
+def serve_forever(
+    app: ASGIApp, host: str, port: int, head_timeout: float = HEAD_TIMEOUT_SECONDS, preview: Preview | None = None
+) -> None:
     """uvicorn on ``host:port``: its h11 protocol with a timeout for request heads, the process's
     descriptor limit raised (the egress proxy holds two per connection it relays)."""
     import uvicorn
@@ -47,12 +53,16 @@ def serve_forever(app: ASGIApp, host: str, port: int, head_timeout: float = HEAD
     from sandloop.runtime.egress.host import raise_open_files
 
     raise_open_files()
-    uvicorn.run(app, host=host, port=port, log_level="info", http=_head_timeout_protocol(head_timeout))
+    uvicorn.run(app, host=host, port=port, log_level="info", http=http_protocol(head_timeout, preview))
 
 
-def _head_timeout_protocol(seconds: float) -> type:
+def http_protocol(seconds: float = HEAD_TIMEOUT_SECONDS, preview: Preview | None = None) -> type:
+    """uvicorn's h11 protocol with a timeout for request heads and, given a ``preview``, its
+    requests handed to the sandboxes they name."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from sandloop.server.preview import MAX_HEAD, Relay
 
     class HeadTimeoutProtocol(H11Protocol):
         """uvicorn's h11 protocol; a request head not whole within ``seconds`` closes the connection."""
@@ -63,12 +73,32 @@ def _head_timeout_protocol(seconds: float) -> type:
             super().connection_made(transport)
             self._arm()
 
+        _head = b""
+
         def data_received(self, data: bytes) -> None:
+            if preview is not None and self.conn.their_state is h11.IDLE and not self._head_pending():
+                # at a request's start: a preview's head hands the connection over (server/preview.py)
+                data, self._head = self._head + data, b""
+                end = data.find(b"\r\n\r\n")
+                if end < 0 and len(data) <= MAX_HEAD:
+                    self._head = data  # the rest of the head is still to come
+                    self._arm()
+                    return
+                target = preview.match(data[: end + 4]) if 0 <= end < MAX_HEAD else None  # past it: h11 refuses
+                if target is not None:
+                    self._disarm()
+                    self._unset_keepalive_if_required()
+                    Relay(preview, target, self.transport, data[end + 4 :], closed=lambda: self.connection_lost(None))
+                    return
             super().data_received(data)
             if self.conn.their_state is h11.IDLE:  # a head begun and not yet whole
                 self._arm()
             else:
                 self._disarm()
+
+        def _head_pending(self) -> bool:
+            """An answer still being sent: what comes now is pipelined, h11's to queue."""
+            return self.cycle is not None and not self.cycle.response_complete
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()

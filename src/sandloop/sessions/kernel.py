@@ -99,12 +99,14 @@ class Kernel:
         """Use this running interpreter (a warm session's) for the next cell."""
         self._sandbox = sandbox
 
-    def handle(self) -> Sandbox:
+    def handle(self, limits: SandboxLimits) -> Sandbox:
         """The running interpreter's sandbox (started if none runs), for a program started beside
         the interpreter (``Reachable.exec_stream``). Holds no stream of it afterwards that this
         process did not hold before (another process's cells must not pile up on an idle one)."""
         with self.locked():
             held = self._sandbox is not None
+            if not held:  # one that answers (a runtime's exec finds no sandbox still being made)
+                self.run("", 30, limits, None, None, None, True, {"op": "list"})
             sandbox = self._connect()
             if not held:
                 self._drop(remove=False)

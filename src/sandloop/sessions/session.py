@@ -436,7 +436,6 @@ class Session(SessionFiles, SessionSnapshots, SessionReach):
                 watchers, self._watchers = self._watchers, []
             for watcher in watchers:  # each holds the workspace open: before any unmount
                 watcher.close()
-            close_reach(self.id)
             self._kernel.close()
             self._dispatcher.drop_pools(lambda spec: (SESSION_LABEL, self.id) in spec.labels)
             self._closed = True
@@ -449,6 +448,7 @@ class Session(SessionFiles, SessionSnapshots, SessionReach):
 
     def delete(self) -> None:
         """Remove the session: its interpreter, containers, workspace and record."""
+        close_reach(self.id)  # this process's terminals and connections into it (else they end with it)
         self.close()
         self._kernel.shutdown()
         self._store.delete(self.id)

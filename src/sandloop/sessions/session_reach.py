@@ -12,7 +12,7 @@ Nothing is opened for the sandbox: the host starts one small agent inside the sa
 interpreter (as one of its own processes: same user, cgroup, filters) and speaks to it on that
 program's stdin and stdout. The sandbox still reaches nothing; the host reaches its loopback.
 One agent per session per process, started on first use; it ends with the interpreter (a
-restart, a pause) and the next use starts another.
+restart, a pause) or the session's ``delete``, and the next use starts another.
 """
 
 from __future__ import annotations
@@ -31,6 +31,13 @@ from sandloop.sessions.session_parts import SessionParts
 log = logging.getLogger(__name__)
 _reaches: dict[str, Reach] = {}
 _reaches_lock = threading.Lock()
+
+
+def live_reach(session_id: str) -> Reach | None:
+    """This process's agent in the session, if one is running."""
+    with _reaches_lock:
+        reach = _reaches.get(session_id)
+    return reach if reach is not None and reach.alive else None
 
 
 def close_reach(session_id: str) -> None:
@@ -55,7 +62,7 @@ class SessionReach(SessionParts):
                 f"the {type(backend).__name__} cannot reach into a sandbox (ports and terminals need the "
                 "docker or oci backend)"
             )
-        stream = backend.exec_stream(self._kernel.handle(), list(AGENT_ARGV))
+        stream = backend.exec_stream(self._kernel.handle(self.limits), list(AGENT_ARGV))
         made = Reach(stream)
         with _reaches_lock:
             old = _reaches.get(self.id)

@@ -162,9 +162,10 @@ def sandbox_app(e2b: E2B) -> ASGIApp:
     return guard
 
 
-def mount_e2b(app: FastAPI, api: Any) -> E2B:
+def mount_e2b(app: FastAPI, api: Any, preview_domain: str = "localhost") -> E2B:
     """Add the E2B control plane to ``app`` and the sandbox traffic split in front of it."""
-    e2b = E2B(api, Registry(api.root.settings.home / "e2b.sqlite", api.root.settings.home / "e2b-secret"))
+    registry = Registry(api.root.settings.home / "e2b.sqlite", api.root.settings.home / "e2b-secret")
+    e2b = E2B(api, registry, preview_domain)
     app.include_router(control_routes(e2b))
     routes, e2b.templates = template_api_routes(e2b)
     app.include_router(routes)

@@ -6,13 +6,14 @@ read). Each sandbox is a session counted against the key's ceilings like any oth
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import math
 import re
 import urllib.parse
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -33,7 +34,8 @@ _REFUSED = {
     # the SDK's own words when its gateway fails (scripts match them); refused before a sandbox exists
     "mcp": "Failed to start MCP gateway: sandloop runs no MCP gateway inside sandboxes (it would run as "
     "root); sandloop serves MCP itself (`sandloop mcp`)",
-    "network": "per-sandbox network rules are sandloop's egress allowlists: use the native API's limits.egress",
+    "network": "per-sandbox network rules are sandloop's egress allowlists: use the native API's limits.egress "
+    "(only network.allowPublicTraffic is taken: whether preview URLs need the traffic access token)",
     "volumeMounts": "volume mounts are not supported; each sandbox has its own workspace at /home/user",
     "iam": "workload identity is not supported",
 }
@@ -65,6 +67,20 @@ def _asks_for(value: Any) -> bool:
     return bool(value)
 
 
+def _public_traffic(body: dict[str, Any]) -> bool:
+    """``network.allowPublicTraffic`` (default true, as E2B's), taken out of the body: the rest of
+    ``network`` is refused as before."""
+    network = body.get("network")
+    if not isinstance(network, dict):
+        return True
+    network = dict(network)
+    public = network.pop("allowPublicTraffic", network.pop("allow_public_traffic", None))
+    if public is not None and not isinstance(public, bool):
+        raise E2BError(400, "network.allowPublicTraffic must be true or false")
+    body["network"] = network
+    return True if public is None else public
+
+
 def _strings(value: Any, name: str) -> dict[str, str]:
     if value is None:
         return {}
@@ -89,8 +105,16 @@ async def body_of(request: Request) -> dict[str, Any]:
     return body
 
 
+#: The Host the request came to (its port is the preview URLs' port too).
+_host: contextvars.ContextVar[str] = contextvars.ContextVar("e2b_host", default="")
+
+
+async def _remember_host(request: Request) -> None:
+    _host.set(request.headers.get("host", ""))
+
+
 def control_routes(e2b: E2B) -> APIRouter:
-    router = APIRouter(include_in_schema=False)
+    router = APIRouter(include_in_schema=False, dependencies=[Depends(_remember_host)])
     api, api_registry = e2b.api, e2b.registry
 
     def sandbox_json(box: Any, *, tokens: bool = True, detail: bool = False) -> dict[str, Any]:
@@ -104,7 +128,7 @@ def control_routes(e2b: E2B) -> APIRouter:
         if tokens:
             out["envdAccessToken"] = api_registry.access_token(box.sandbox_id, "envd")
             out["trafficAccessToken"] = api_registry.access_token(box.sandbox_id, "traffic")
-            out["domain"] = None
+            out["domain"] = e2b.domain_for(_host.get())  # get_host(port): <port>-<id>.<domain>
         if detail:
             out.update(
                 startedAt=iso(box.started),
@@ -120,6 +144,7 @@ def control_routes(e2b: E2B) -> APIRouter:
     def create(token: Any, body: dict[str, Any], v1: bool) -> dict[str, Any]:
         # first: an option refused says why before the template it implies does (the SDK names
         # "mcp-gateway" as the template of a sandbox with MCP servers)
+        public = _public_traffic(body)
         for key, why in _REFUSED.items():
             value = body.get(key)
             if _asks_for(value) or (key == "mcp" and isinstance(value, dict) and value):  # any server named
@@ -174,6 +199,7 @@ def control_routes(e2b: E2B) -> APIRouter:
                 disk_mb=quota // 2**20,
             )
             api_registry.set_lifecycle(s.id, on_timeout, auto_resume)
+            api_registry.set_public_traffic(s.id, public)
             s.close()
         return sandbox_json(box)
 

@@ -38,7 +38,10 @@ CREATE TABLE IF NOT EXISTS e2b_lifecycle (
     sandbox_id TEXT PRIMARY KEY,
     on_timeout TEXT NOT NULL,
     auto_resume INTEGER NOT NULL
-)
+);
+CREATE TABLE IF NOT EXISTS e2b_private (
+    sandbox_id TEXT PRIMARY KEY
+);
 """
 
 
@@ -171,6 +174,21 @@ class Registry:
             row = self._db.execute("SELECT * FROM e2b_lifecycle WHERE sandbox_id = ?", (sandbox_id,)).fetchone()
         return ("kill", False) if row is None else (row["on_timeout"], bool(row["auto_resume"]))
 
+    # -- traffic (E2B's ``network.allowPublicTraffic``: true unless said) -------------------------
+    def set_public_traffic(self, sandbox_id: str, public: bool) -> None:
+        with self._lock:
+            if public:
+                self._db.execute("DELETE FROM e2b_private WHERE sandbox_id = ?", (sandbox_id,))
+            else:
+                self._db.execute("INSERT OR REPLACE INTO e2b_private VALUES (?)", (sandbox_id,))
+            self._db.commit()
+
+    def public_traffic(self, sandbox_id: str) -> bool:
+        """Whether its preview URLs take traffic without its traffic access token."""
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM e2b_private WHERE sandbox_id = ?", (sandbox_id,)).fetchone()
+        return row is None
+
     def set_end(self, sandbox_id: str, end_at: float) -> None:
         with self._lock:
             self._db.execute("UPDATE e2b_sandboxes SET end_at = ? WHERE sandbox_id = ?", (end_at, sandbox_id))
@@ -180,6 +198,7 @@ class Registry:
         with self._lock:
             self._db.execute("DELETE FROM e2b_sandboxes WHERE sandbox_id = ?", (sandbox_id,))
             self._db.execute("DELETE FROM e2b_lifecycle WHERE sandbox_id = ?", (sandbox_id,))
+            self._db.execute("DELETE FROM e2b_private WHERE sandbox_id = ?", (sandbox_id,))
             self._db.commit()
 
 

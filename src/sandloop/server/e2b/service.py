@@ -166,8 +166,10 @@ DEFAULT_RESUME_TIMEOUT = 300
 
 
 class E2B:
-    def __init__(self, api: Api, registry: Registry) -> None:
+    def __init__(self, api: Api, registry: Registry, preview_domain: str = "localhost") -> None:
         self.api, self.registry = api, registry
+        #: Preview URLs' domain (server/preview.py): ``<port>-<sandbox id>.<domain>``.
+        self.preview_domain = preview_domain
         #: The template build API's state (templates.py), set when the routes are mounted.
         self.templates: Any = None
         self._sessions: dict[str, Session] = {}
@@ -179,6 +181,12 @@ class E2B:
         self._killed = threading.Condition(self._lock)  # a kill finished
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
+
+    def domain_for(self, host: str) -> str:
+        """The ``domain`` a sandbox's JSON carries for a request that came to ``host``: the preview
+        domain with that host's port, so the SDK's ``get_host(port)`` names this server."""
+        _, sep, port = host.rpartition(":")
+        return f"{self.preview_domain}:{port}" if sep and port.isdigit() else self.preview_domain
 
     # -- lifetime --------------------------------------------------------------------------------
     def session(self, sandbox_id: str) -> Session:

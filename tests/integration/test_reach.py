@@ -1,0 +1,251 @@
+"""Reaching into running sandboxes (issue 38): a server the code starts in a session is reached
+through ``Session.expose`` and through preview URLs of ``sandloop serve`` (host and path forms,
+HTTP and WebSocket); terminals run, resize and end; and what reaches in cannot be turned around:
+the way in reaches only the sandbox's own loopback, never the host's or another sandbox's, and
+the agent that carries it is one of the sandbox's own processes (its user, no capabilities, its
+seccomp filter, no new privileges), on runc and gVisor."""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import time
+
+import httpx
+import pytest
+
+from sandloop import SandboxLimits, Session
+from sandloop.runtime.reach.mux import PortClosed
+from sandloop.server.app import create_app
+from sandloop.server.tokens import TokenStore
+from tests.servers import serve_in_thread
+
+#: A server on a port inside the sandbox, started by a cell: plain HTTP (python's http.server
+#: serving /workspace) and a WebSocket echo written with the standard library (the image has no
+#: WebSocket package, and the relay must carry the upgrade's bytes as they are).
+SERVERS = r"""
+import base64, hashlib, socket, subprocess, threading
+web = subprocess.Popen(["python3", "-m", "http.server", "8000"], cwd="/workspace",
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+def _ws(conn):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += conn.recv(4096)
+    key = [l.split(b":", 1)[1].strip() for l in head.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key")][0]
+    accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+    f = conn.makefile("rb")
+    while True:
+        b1, b2 = f.read(2)
+        n = b2 & 127
+        if n == 126:
+            n = int.from_bytes(f.read(2), "big")
+        mask = f.read(4)
+        data = bytes(c ^ mask[i % 4] for i, c in enumerate(f.read(n)))
+        if b1 & 15 == 8:
+            return
+        reply = b"echo:" + data
+        conn.sendall(bytes([0x81, len(reply)]) + reply)
+
+def _serve_ws():
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 8001)); s.listen(8)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=_ws, args=(c,), daemon=True).start()
+
+threading.Thread(target=_serve_ws, daemon=True).start()
+"""
+
+
+def _until_served(get, seconds: float = 60.0):
+    """The first answer that is not a 502 (the server inside is still starting), bounded."""
+    deadline = time.monotonic() + seconds
+    while True:
+        r = get()
+        if r.status_code != 502 or time.monotonic() > deadline:
+            return r
+        time.sleep(0.2)
+
+
+def _read_until(term, want: bytes, seconds: float = 60.0) -> bytes:
+    """What the terminal showed until ``want`` (bounded: its last output in the failure)."""
+    seen = b""
+    deadline = time.monotonic() + seconds
+    while want not in seen:
+        assert time.monotonic() < deadline, seen[-500:]
+        seen += term.recv(max(0.1, deadline - time.monotonic()))
+    return seen
+
+
+def _ws_roundtrip(sock: socket.socket, head: bytes, message: bytes) -> tuple[bytes, bytes]:
+    """(the answer's head, the first frame's payload) of a WebSocket opened by ``head``."""
+    sock.sendall(head)
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(4096)
+        assert chunk, got
+        got += chunk
+    answer, _, rest = got.partition(b"\r\n\r\n")
+    mask = os.urandom(4)
+    sock.sendall(bytes([0x81, 0x80 | len(message)]) + mask + bytes(c ^ mask[i % 4] for i, c in enumerate(message)))
+    while len(rest) < 2 or len(rest) < 2 + rest[1]:
+        chunk = sock.recv(4096)
+        assert chunk, rest
+        rest += chunk
+    return answer, rest[2 : 2 + rest[1]]
+
+
+def _ws_head(path: str, host: str, extra: str = "") -> bytes:
+    key = base64.b64encode(os.urandom(16)).decode()
+    return (
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n"
+    ).encode()
+
+
+def test_expose_and_a_terminal_in_a_session(runtime):
+    with Session(limits=SandboxLimits(runtime=runtime)) as s:
+        s.write_file("hello.txt", "from the sandbox\n")
+        s.run_cell(SERVERS)
+        with s.expose(8000) as url, httpx.Client(timeout=30) as client:
+            r = _until_served(lambda: client.get(f"{url}/hello.txt"))
+            assert (r.status_code, r.text) == (200, "from the sandbox\n")
+        with pytest.raises(PortClosed, match="nothing listens on port 8999"):
+            s.connect(8999)
+
+        term = s.terminal(cols=80, rows=24, envs={"ABC": "123"})
+        term.send(b"echo $ABC-$(tput cols)-$(id -u)\n")
+        assert b"123-80-65534" in _read_until(term, b"123-80-65534")  # its env, its size, the sandbox's user
+        term.resize(132, 40)
+        term.send(b"echo now=$(tput cols)\n")
+        assert b"now=132" in _read_until(term, b"now=132")
+        term.send(b"exit 4\n")
+        assert term.wait(30) == 4
+
+
+def test_the_agent_is_one_of_the_sandboxes_own_processes(runtime):
+    """What carries ports and terminals has what the interpreter's own processes have (the
+    sandbox's user, no capabilities, the seccomp filter, no new privileges): seen from inside, in
+    /proc of the agent itself beside /proc of a cell's process."""
+    wanted = "^(Uid|Gid|CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):"
+    with Session(limits=SandboxLimits(runtime=runtime)) as s:
+        term = s.terminal(cmd=["/bin/sh", "-c", f"grep -E '{wanted}' /proc/$PPID/status"])
+        out = b""
+        while not term.ended:
+            out += term.recv(30)
+        assert term.wait(30) == 0
+        grep = f"subprocess.run(['grep', '-E', {wanted!r}, '/proc/self/status'], capture_output=True, text=True)"
+        cell = s.run_cell(f"import subprocess; print({grep}.stdout)")
+
+    def fields(text: str) -> dict[str, list[str]]:
+        return {k.strip(): v.split() for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
+
+    agent, own = fields(out.decode().replace("\r", "")), fields(cell.stdout)
+    assert agent == own and agent, (agent, own)
+    assert agent["Uid"][:2] == ["65534", "65534"], agent
+    assert agent["CapEff"] == agent["CapPrm"] == ["0000000000000000"], agent
+    if runtime == "runc":  # gVisor's /proc reports neither (its sentry filters the whole sandbox)
+        assert agent["NoNewPrivs"] == ["1"] and agent["Seccomp"] == ["2"], agent
+
+
+def test_a_port_reaches_only_the_sandboxes_own_loopback(runtime):
+    """A port the host listens on, or another sandbox does, is not reachable through a sandbox's
+    way in: the connection is made inside, where nothing listens."""
+    host = socket.socket()
+    host.bind(("127.0.0.1", 0))
+    host.listen(1)
+    port = host.getsockname()[1]
+    try:
+        with (
+            Session(limits=SandboxLimits(runtime=runtime)) as a,
+            Session(limits=SandboxLimits(runtime=runtime)) as b,
+        ):
+            b.run_cell(SERVERS)
+            with b.expose(8000) as url:  # b's server is up (reached through b)
+                assert _until_served(lambda: httpx.get(url, timeout=30)).status_code == 200
+            with pytest.raises(PortClosed):
+                a.connect(port)  # the host's loopback port: not a's
+            with pytest.raises(PortClosed):
+                a.connect(8000)  # b's server: not a's
+            host.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                host.accept()  # nothing came to the host
+    finally:
+        host.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tokens = TokenStore(tmp_path_factory.mktemp("reach") / "tokens.sqlite")
+    mine, _ = tokens.create("mine")
+    other, _ = tokens.create("other")
+    with serve_in_thread(create_app(tokens)) as url:
+        yield url, mine, other
+
+
+def test_preview_urls_by_host_and_by_path_with_their_access(server):
+    url, mine, other = server
+    port = url.rsplit(":", 1)[1]
+    auth = {"Authorization": f"Bearer {mine}"}
+    with httpx.Client(base_url=url, timeout=60) as client:
+        made = client.post("/v1/sessions", json={}, headers=auth)
+        assert made.status_code == 201, made.text
+        sid = made.json()["id"]
+        try:
+            put = client.put(f"/v1/sessions/{sid}/files/hello.txt", content=b"previewed\n", headers=auth)
+            assert put.status_code == 200, put.text
+            cell = client.post(f"/v1/sessions/{sid}/cells", json={"code": SERVERS}, headers=auth)
+            assert cell.status_code == 200 and cell.json()["exit_code"] == 0, cell.text
+            host = f"8000-{sid}.localhost:{port}"
+
+            r = _until_served(lambda: client.get("/hello.txt", headers={"Host": host, **auth}))
+            assert (r.status_code, r.text) == (200, "previewed\n")
+            r = client.get(f"/sandboxes/{sid}/ports/8000/hello.txt", headers=auth)  # the path form
+            assert (r.status_code, r.text) == (200, "previewed\n")
+            # a token once in the query (a browser's first visit) becomes a cookie for the preview
+            r = client.get(f"/sandboxes/{sid}/ports/8000/hello.txt?sandloop_token={mine}")
+            assert r.status_code == 200 and "sandloop_preview=" in r.headers["set-cookie"]
+            assert f"Path=/sandboxes/{sid}/ports/8000" in r.headers["set-cookie"]
+
+            refused = client.get("/hello.txt", headers={"Host": host})
+            assert refused.status_code == 401 and "send a token that owns it" in refused.json()["message"]
+            refused = client.get("/hello.txt", headers={"Host": host, "Authorization": f"Bearer {other}"})
+            assert refused.status_code == 404  # someone else's sandbox and none look the same
+            closed = client.get("/", headers={"Host": f"8999-{sid}.localhost:{port}", **auth})
+            assert closed.status_code == 502
+            assert "nothing listens on port 8999" in closed.json()["message"], closed.text
+            gone = client.get("/", headers={"Host": f"8000-nosuchsandbox.localhost:{port}", **auth})
+            assert gone.status_code == 404
+
+            # the API is still the API on the same port, after previews on the same connection
+            assert client.get(f"/v1/sessions/{sid}", headers=auth).status_code == 200
+
+            # a WebSocket through both forms: the relay carries the upgrade as it is
+            for path, h in (
+                (f"/sandboxes/{sid}/ports/8001/ws", f"127.0.0.1:{port}"),
+                ("/ws", f"8001-{sid}.localhost:{port}"),
+            ):
+                with socket.create_connection(("127.0.0.1", int(port)), timeout=30) as sock:
+                    answer, echoed = _ws_roundtrip(sock, _ws_head(path, h, f"Authorization: Bearer {mine}\r\n"), b"hi")
+                assert answer.startswith(b"HTTP/1.1 101"), answer
+                assert echoed == b"echo:hi"
+        finally:
+            assert client.delete(f"/v1/sessions/{sid}", headers=auth).status_code == 204
+
+
+def test_a_head_past_the_cap_is_the_apis_to_refuse(server):
+    """A head larger than the cap is never relayed (the API answers it, as any request it takes);
+    a host that is not a preview host is the API's too."""
+    url, mine, _ = server
+    port = int(url.rsplit(":", 1)[1])
+    with httpx.Client(base_url=url, timeout=30) as client:
+        r = client.get("/v1/sessions", headers={"Host": "example.com", "Authorization": f"Bearer {mine}"})
+        assert r.status_code == 200  # not a preview host: the API answers
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: 8000-x.localhost\r\nX-Fill: " + b"a" * (70 * 1024) + b"\r\n\r\n")
+        answer = sock.recv(4096)
+    assert b"server: uvicorn" in answer.lower() and b"no sandbox" not in answer, answer  # the API's answer
