@@ -76,8 +76,10 @@ def _read_until(term, want: bytes, seconds: float = 60.0) -> bytes:
     seen = b""
     deadline = time.monotonic() + seconds
     while want not in seen:
-        assert time.monotonic() < deadline, seen[-500:]
-        seen += term.recv(max(0.1, deadline - time.monotonic()))
+        try:
+            seen += term.recv(max(0.1, deadline - time.monotonic()))
+        except TimeoutError:
+            raise AssertionError(f"no {want!r} within {seconds:.0f} s; the terminal showed {seen[-500:]!r}") from None
     return seen
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
@@ -62,6 +63,10 @@ def serve(
             "(browsers resolve every *.localhost to this machine; another domain needs a wildcard DNS record).",
         ),
     ] = "localhost",
+    tls_cert: Annotated[
+        str | None, typer.Option("--tls-cert", help="Serve HTTPS with this certificate (PEM; with --tls-key).")
+    ] = None,
+    tls_key: Annotated[str | None, typer.Option("--tls-key", help="The private key of --tls-cert (PEM).")] = None,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs). Create a token first: `sandloop tokens create NAME`."""
     try:
@@ -80,7 +85,13 @@ def serve(
     from sandloop.root import shutdown
     from sandloop.server.lifecycle import at_shutdown, serve_forever
 
-    _warn_if_exposed(host, "the HTTP API")
+    if (tls_cert is None) != (tls_key is None):
+        raise _fail("--tls-cert and --tls-key go together: give both, or neither", 2)
+    for flag, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is not None and not Path(path).is_file():
+            raise _fail(f"{flag}: no such file: {path}", 2)
+    if tls_cert is None:
+        _warn_if_exposed(host, "the HTTP API")
     # The warm pool's sandboxes go when the server stops, not at the next reap.
     access: Literal["token", "open", "off"] = metrics  # type: ignore[assignment]  # checked above
     domain = preview_domain.strip().strip(".").lower()
@@ -90,7 +101,8 @@ def serve(
         )
     fastapi_app = create_app(providers=endpoints, metrics_access=access, preview_domain=domain)
     app_ = at_shutdown(fastapi_app, shutdown)
-    serve_forever(app_, host, port, head_timeout, preview=fastapi_app.state.preview)
+    tls = (tls_cert, tls_key) if tls_cert and tls_key else None
+    serve_forever(app_, host, port, head_timeout, preview=fastapi_app.state.preview, tls=tls)
 
 
 @app.command()

@@ -44,7 +44,12 @@ HEAD_TIMEOUT_SECONDS = 30.0
 
 
 def serve_forever(
-    app: ASGIApp, host: str, port: int, head_timeout: float = HEAD_TIMEOUT_SECONDS, preview: Preview | None = None
+    app: ASGIApp,
+    host: str,
+    port: int,
+    head_timeout: float = HEAD_TIMEOUT_SECONDS,
+    preview: Preview | None = None,
+    tls: tuple[str, str] | None = None,
 ) -> None:
     """uvicorn on ``host:port``: its h11 protocol with a timeout for request heads, the process's
     descriptor limit raised (the egress proxy holds two per connection it relays)."""
@@ -53,7 +58,16 @@ def serve_forever(
     from sandloop.runtime.egress.host import raise_open_files
 
     raise_open_files()
-    uvicorn.run(app, host=host, port=port, log_level="info", http=http_protocol(head_timeout, preview))
+    cert, key = tls or (None, None)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        http=http_protocol(head_timeout, preview),
+        ssl_certfile=cert,
+        ssl_keyfile=key,
+    )
 
 
 def http_protocol(seconds: float = HEAD_TIMEOUT_SECONDS, preview: Preview | None = None) -> type:

@@ -139,10 +139,17 @@ class Kernel:
         cancel: threading.Event | None = None,
         detach: bool = False,
         options: Mapping[str, Any] | None = None,
+        guard: Callable[[], None] | None = None,
     ) -> CellResult:
         """``detach``: let go of the interpreter's stream after the cell (under the same lock), so
-        no idle connection of this process receives another process's cells meanwhile."""
+        no idle connection of this process receives another process's cells meanwhile. ``guard``
+        runs once the lock is taken (not when this thread held it already: a pause's or resume's
+        own cells) and may refuse: a session paused while this call waited for the lock must
+        not get a fresh interpreter from it (seen: a command's poll, queued behind a pause)."""
+        fresh = not getattr(self._held, "depth", 0)
         with self.locked():
+            if guard is not None and fresh:
+                guard()
             sandbox = self._connect()
             result = self.backend.run_cell(
                 sandbox,

@@ -203,11 +203,14 @@ class Session(SessionFiles, SessionSnapshots, SessionReach):
 
     def _live(self) -> None:
         self._check_open()
+        self._not_paused()
+        self._store.touch(self._record)
+
+    def _not_paused(self) -> None:
         # A session on another host (Ray): its node refuses a paused session's sandboxes, with no
         # call here for every cell to ask.
         if self._store.remote is None and self.paused:
             raise SessionPaused(f"session {self.id} is paused: resume it (resume(), or Session.attach) to use it")
-        self._store.touch(self._record)
 
     # -- running --------------------------------------------------------------------------------
     def run(
@@ -277,7 +280,9 @@ class Session(SessionFiles, SessionSnapshots, SessionReach):
                 limits = SandboxLimits(**{**limits.model_dump(), "output_limit": output_limit})
             except SandboxError as exc:
                 raise InvalidArgument(str(exc)) from None
-        result = self._kernel.run(code, check_timeout(timeout_seconds), limits, checked, relay, cancel, detach, options)
+        result = self._kernel.run(
+            code, check_timeout(timeout_seconds), limits, checked, relay, cancel, detach, options, self._not_paused
+        )
         if result.error is not None and result.reply.get("refused"):
             self._op_reply(result, "a cell")
         return result
@@ -335,7 +340,8 @@ class Session(SessionFiles, SessionSnapshots, SessionReach):
         """One operation on the interpreter's contexts (kernel.py's ``op`` frames): its reply."""
         self._live()
         options = {"op": op, "cwd": cwd, **self._cell_options(context, language, None)}
-        return self._op_reply(self._kernel.run("", 30, self.limits, None, None, None, False, options), what)
+        reply = self._kernel.run("", 30, self.limits, None, None, None, False, options, self._not_paused)
+        return self._op_reply(reply, what)
 
     def _op_reply(self, result: CellResult, op: str) -> dict[str, Any]:
         if result.error is not None:

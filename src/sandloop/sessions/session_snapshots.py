@@ -21,6 +21,7 @@ from sandloop.contract import (
 )
 from sandloop.sessions.host import SessionHost, default_host
 from sandloop.sessions.session_parts import SessionParts
+from sandloop.sessions.session_reach import close_reach
 from sandloop.sessions.snapshots import (
     LOAD_STATE,
     PAUSED,
@@ -263,6 +264,10 @@ class SessionSnapshots(SessionParts):
         on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
         if on_host is None:
             raise SandboxError("this backend keeps workspaces on other hosts: pause it where it lives")
+        # This process's terminals and connections end first: a program started beside the
+        # interpreter holds the host's pipes, which no memory image can take along (gVisor's
+        # restore failed on them).
+        close_reach(self.id)
         kernel = self._kernel.running()
         dropped: builtins.list[str] = []
         memory = memory_backend(self._root.backend)

@@ -2,8 +2,9 @@
 channels over its one byte stream -- connections to the sandbox's own loopback ports, terminals.
 
 Every wait is bounded and every buffer capped: a channel holds at most ``BUFFER`` bytes nobody has
-read (then the agent's stream waits up to ``STALL`` seconds for its reader, and the channel is
-closed: one slow reader cannot hold a sandbox's other channels for longer), input waits up to
+read (a terminal then drops its oldest output; a connection makes the agent's stream wait up to
+``STALL`` seconds for its reader, and is closed: one slow reader cannot hold a sandbox's other
+channels for longer), input waits up to
 ``STALL`` seconds for room (an agent whose program reads nothing), and a sandbox has at most
 ``MAX_CHANNELS`` open at once.
 """
@@ -25,8 +26,25 @@ from sandloop.runtime.base import ExecStream
 
 HEADER = struct.Struct(">BII")
 TCP, PTY, DATA, EOF, CLOSE, RESIZE, SIGNAL, OPENED, REFUSED, EXIT = range(1, 11)
-#: What starts the agent inside a sandbox: its source as a program, on the image's python.
-AGENT_ARGV = ["python3", "-I", "-S", "-c", resources.files("sandloop.runtime.reach").joinpath("agent.py").read_text()]
+#: What starts the agent inside a sandbox: a short loader on the image's python that reads the
+#: agent's source from its stdin (10 digits of length, then the source: ``AGENT_PRELUDE``, the
+#: first bytes ``Reach`` sends), so the sandbox's process list shows one line, not the source.
+AGENT_NAME = "sandloop-reach-agent"
+_LOADER = f"""# {AGENT_NAME}
+import os
+def take(n):
+    got = b""
+    while len(got) < n:
+        chunk = os.read(0, n - len(got))
+        if not chunk:
+            raise SystemExit(0)
+        got += chunk
+    return got
+exec(compile(take(int(take(10))), "{AGENT_NAME}", "exec"))
+"""
+AGENT_ARGV = ["python3", "-I", "-S", "-c", _LOADER]
+_SOURCE = resources.files("sandloop.runtime.reach").joinpath("agent.py").read_bytes()
+AGENT_PRELUDE = b"%010d" % len(_SOURCE) + _SOURCE
 MAX_CHANNELS = 64
 BUFFER = 4 * 1024 * 1024
 STALL = 30.0
@@ -62,6 +80,9 @@ class Channel:
     # -- the reader thread's side --------------------------------------------------------------
     def _deliver(self, data: bytes) -> None:
         with self._cond:
+            if self.kind == PTY:  # a terminal nobody watches keeps its last BUFFER bytes, as a scrollback
+                while self._chunks and self._held + len(data) > BUFFER:
+                    self._held -= len(self._chunks.popleft())
             deadline = time.monotonic() + STALL
             while self._held >= BUFFER and not self._closed:
                 left = deadline - time.monotonic()
@@ -197,8 +218,9 @@ class Terminal(Channel):
 
 
 class Reach:
-    """One sandbox's agent and its channels. ``alive`` is False once its stream ended (the sandbox
-    went, or the agent was killed); every channel has then ended."""
+    """One sandbox's agent and its channels, over a stream started with ``AGENT_ARGV``. ``alive``
+    is False once its stream ended (the sandbox went, or the agent was killed); every channel has
+    then ended."""
 
     def __init__(self, stream: ExecStream, max_channels: int = MAX_CHANNELS) -> None:
         self.stream = stream
@@ -210,6 +232,7 @@ class Reach:
         self._out_held = 0
         self._out_cond = threading.Condition()
         self.alive = True
+        self._out.append(AGENT_PRELUDE)  # the agent itself, read by AGENT_ARGV's loader
         self._reader = threading.Thread(target=self._read, name="reach-reader", daemon=True)
         self._writer = threading.Thread(target=self._write, name="reach-writer", daemon=True)
         self._reader.start()

@@ -19,8 +19,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from sandloop.contract import PathRefused, SandboxError, TooLarge, WorkspaceFileNotFound
+from sandloop.runtime.reach.mux import Terminal
 from sandloop.server.e2b.connect import ConnectError, read_request, stream, unary_error
 from sandloop.server.e2b.control import e2b_error_response
+from sandloop.server.e2b.envd_pty import Ptys
 from sandloop.server.e2b.envd_shapes import (
     SIGNALS,
     entry_json,
@@ -42,6 +44,7 @@ KEEPALIVE = 30.0
 
 def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> APIRouter:
     router = APIRouter(include_in_schema=False)
+    ptys = e2b.ptys = Ptys(e2b)
 
     async def unary(request: Request, work: Callable[[Any, dict[str, Any]], dict[str, Any]], cost: int = 1) -> Response:
         try:
@@ -115,14 +118,17 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
 
     pending_kills: set[asyncio.Task[Any]] = set()
 
-    def kill_at(deadline: float, sandbox_id: str, pid: int) -> None:
-        """SIGKILL the process at ``deadline`` (loop time), as envd's process context does."""
+    def kill_at(deadline: float, sandbox_id: str, pid: int, term: Terminal | None = None) -> None:
+        """SIGKILL the process (or terminal) at ``deadline`` (loop time), as envd's process context does."""
 
         async def kill() -> None:
             await asyncio.sleep(max(0.0, deadline - loop_time()))
             op = {"op": "signal", "pid": pid, "signal": SIGNALS["SIGNAL_SIGKILL"]}
             with contextlib.suppress(Exception):  # ended already, or the sandbox is gone
-                await run_in_threadpool(e2b.procs, sandbox_id, op)
+                if term is not None:
+                    await run_in_threadpool(term.signal, SIGNALS["SIGNAL_SIGKILL"])
+                else:
+                    await run_in_threadpool(e2b.procs, sandbox_id, op)
 
         task = asyncio.get_running_loop().create_task(kill())
         pending_kills.add(task)  # a reference, or the loop may drop the task
@@ -147,15 +153,18 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
             box, token = await sandbox_of(request)
             message = await read_request(request)
             e2b.check_stream_room(box.sandbox_id)  # before a process starts that no stream could follow
+            term = None
             if connect:
                 sel = selector(message)
+                term = ptys.get(box.sandbox_id, sel["pid"]) if "pid" in sel else None
+            if term is not None:  # a terminal followed again (envd_pty.py)
+                pid, first = term.pid, None
+            elif connect:
                 peek = {"op": "poll", **sel, "wait": 0, "forget": False}
                 reply = checked(await run_in_threadpool(e2b.procs, box.sandbox_id, peek))
                 pid = int(reply["pid"])
                 first = reply
             else:
-                if message.get("pty"):
-                    raise ConnectError("unimplemented", "pseudo-terminals are not supported; run commands without pty")
                 proc = message.get("process") or {}
                 cmd = proc.get("cmd")
                 if not isinstance(cmd, str) or not cmd:
@@ -174,12 +183,19 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
                 }
 
                 op = {"op": "start", "config": config, "stdin": bool(message.get("stdin")), "tag": message.get("tag")}
+                pty = message.get("pty")
+                if pty is not None and not isinstance(pty, dict):
+                    raise ConnectError("invalid_argument", "pty must be an object with a size")
 
                 def start() -> dict[str, Any]:
                     with e2b.api.rates.use(token):
+                        if pty is not None:
+                            return {"term": ptys.start(box.sandbox_id, config, pty)}
                         return checked(e2b.procs(box.sandbox_id, op))
 
-                pid = int((await run_in_threadpool(start))["pid"])
+                started = await run_in_threadpool(start)
+                term = started.get("term")
+                pid = term.pid if term is not None else int(started["pid"])
                 first = None
         except Exception as exc:  # noqa: BLE001 - before the stream starts: a unary-style error
             return unary_error(to_connect(exc))
@@ -190,7 +206,7 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
         # a reconnect's deadline only ends its stream.
         deadline = _deadline(request)
         if deadline is not None and not connect:
-            kill_at(deadline, box.sandbox_id, pid)
+            kill_at(deadline, box.sandbox_id, pid, term)
 
         async def messages() -> AsyncIterator[dict[str, Any]]:
             try:
@@ -215,6 +231,10 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
                 raise _stream_error(box.sandbox_id, exc) from None
 
         async def replay_and_follow() -> AsyncGenerator[dict[str, Any], None]:
+            if term is not None:
+                async for event in ptys.events(box.sandbox_id, term, started=True):
+                    yield event
+                return
             if first is not None:  # a reconnect: what the first poll already took
                 yield {"event": {"start": {"pid": pid}}}
                 for name in ("stdout", "stderr"):
@@ -237,10 +257,11 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
     async def process_list(request: Request) -> Response:
         def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
             reply = checked(e2b.procs(box.sandbox_id, {"op": "list"}))
+            listed = [*reply["processes"], *ptys.listed(box.sandbox_id)]
             return {
                 "processes": [
                     {"config": p["config"], "pid": p["pid"], **({"tag": p["tag"]} if p.get("tag") else {})}
-                    for p in reply["processes"]
+                    for p in sorted(listed, key=lambda p: p["pid"])
                 ]
             }
 
@@ -252,7 +273,12 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
             sig = SIGNALS.get(message.get("signal", "SIGNAL_SIGKILL"))
             if sig is None:
                 raise ConnectError("invalid_argument", "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM")
-            checked(e2b.procs(box.sandbox_id, {"op": "signal", **selector(message), "signal": sig}))
+            sel = selector(message)
+            term = ptys.get(box.sandbox_id, sel["pid"]) if "pid" in sel else None
+            if term is not None and term.exit_code is None:
+                term.signal(sig)
+                return {}
+            checked(e2b.procs(box.sandbox_id, {"op": "signal", **sel, "signal": sig}))
             return {}
 
         return await unary(request, work)
@@ -260,9 +286,13 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
     @router.post("/process.Process/SendInput")
     async def process_input(request: Request) -> Response:
         def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
-            data = (message.get("input") or {}).get("stdin")
+            given = message.get("input") or {}
+            if isinstance(given.get("pty"), str):
+                ptys.send(box.sandbox_id, int(selector(message).get("pid", 0)), given["pty"])
+                return {}
+            data = given.get("stdin")
             if not isinstance(data, str):
-                raise ConnectError("invalid_argument", "input.stdin (base64 bytes) is required (no pty input)")
+                raise ConnectError("invalid_argument", "input.stdin or input.pty (base64 bytes) is required")
             checked(e2b.procs(box.sandbox_id, {"op": "input", **selector(message), "data": data}))
             return {}
 
@@ -275,6 +305,17 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
             return {}
 
         return await unary(request, work)
+
+    @router.post("/process.Process/Update")
+    async def process_update(request: Request) -> Response:
+        def work(box: Any, message: dict[str, Any]) -> dict[str, Any]:
+            size = (message.get("pty") or {}).get("size")
+            if not isinstance(size, dict):
+                raise ConnectError("invalid_argument", "pty.size is what a process can be updated with")
+            ptys.resize(box.sandbox_id, int(selector(message).get("pid", 0)), size)
+            return {}
+
+        return await unary(request, work, cost=0)
 
     @router.post("/process.Process/{method}")
     async def process_other(method: str) -> Response:

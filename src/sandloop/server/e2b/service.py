@@ -29,6 +29,7 @@ from sandloop.server.tokens import Token
 
 if TYPE_CHECKING:
     from sandloop.server.context import Api
+    from sandloop.server.e2b.envd_pty import Ptys
     from sandloop.sessions import Session
     from sandloop.sessions.watch import Watcher
 
@@ -170,6 +171,8 @@ class E2B:
         self.api, self.registry = api, registry
         #: Preview URLs' domain (server/preview.py): ``<port>-<sandbox id>.<domain>``.
         self.preview_domain = preview_domain
+        #: Its sandboxes' terminals (``sandbox.pty``; envd_pty.py), set when envd's routes are mounted.
+        self.ptys: Ptys | None = None
         #: The template build API's state (templates.py), set when the routes are mounted.
         self.templates: Any = None
         self._sessions: dict[str, Session] = {}
@@ -205,6 +208,8 @@ class E2B:
         return s
 
     def forget(self, sandbox_id: str) -> None:
+        if self.ptys is not None:
+            self.ptys.forget(sandbox_id)
         with self._lock:
             s = self._sessions.pop(sandbox_id, None)
             self._followers.pop(sandbox_id, None)
@@ -268,6 +273,8 @@ class E2B:
 
     def pause(self, sandbox_id: str, *, keep_memory: bool = True) -> str:
         kind = self.session(sandbox_id).pause(keep_memory=keep_memory)
+        if self.ptys is not None:
+            self.ptys.forget(sandbox_id)  # its terminals went with its interpreter
         with self._lock:
             self._followers.pop(sandbox_id, None)  # its processes' output ends here
         return kind
