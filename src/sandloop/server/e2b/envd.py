@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from sandloop.contract import PathRefused, SandboxError, TooLarge, WorkspaceFileNotFound
-from sandloop.runtime.reach.mux import Terminal
+from sandloop.runtime.reach.mux import ReachError, Terminal
 from sandloop.server.e2b.connect import ConnectError, read_request, stream, unary_error
 from sandloop.server.e2b.control import e2b_error_response
 from sandloop.server.e2b.envd_pty import Ptys
@@ -40,6 +40,8 @@ from sandloop.sessions.watch import Watcher
 
 #: Seconds between keepalive events on a quiet process stream (E2B's SDK asks for 50).
 KEEPALIVE = 30.0
+#: Longest a SIGKILL of a terminal waits for it to be gone.
+KILL_WAIT = 10.0
 
 
 def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> APIRouter:
@@ -277,6 +279,9 @@ def envd_routes(e2b: E2B, sandbox_of: Callable[[Request], Awaitable[Any]]) -> AP
             term = ptys.get(box.sandbox_id, sel["pid"]) if "pid" in sel else None
             if term is not None and term.exit_code is None:
                 term.signal(sig)
+                if sig == SIGNALS["SIGNAL_SIGKILL"]:  # gone (and reaped) when the call returns, as envd's
+                    with contextlib.suppress(TimeoutError, ReachError):
+                        term.wait(KILL_WAIT)
                 return {}
             checked(e2b.procs(box.sandbox_id, {"op": "signal", **sel, "signal": sig}))
             return {}
