@@ -84,6 +84,7 @@ bench: setup-dev
 	.bench/venv/bin/pip install --quiet "e2b-code-interpreter>=2.9,<3"
 	.bench/venv/bin/python bench/e2b_compat.py
 	.bench/venv/bin/python bench/notebook.py
+	$(VENV)/bin/python bench/reach.py
 	.bench/venv/bin/pip install --quiet -e ".[ray]" psutil
 	.bench/venv/bin/python bench/ray_scale.py
 
