@@ -221,3 +221,33 @@ def test_session_tracebacks_show_their_source_and_cp_keeps_a_trees_name(tmp_path
         assert (out / "data" / "sub" / "a.txt").read_text() == "a"
     finally:
         assert sandloop("session", "rm", sid).returncode == 0
+
+
+def test_session_shell_is_an_interactive_terminal_inside_that_follows_a_resize():
+    r = sandloop("session", "create", "--ttl", "300", "--quota", "16m")
+    sid = r.stdout.decode().strip()
+    assert r.returncode == 0, r.stderr
+    try:
+        term = Terminal("session", "shell", sid, columns=90)
+        term.read_until(b"$ ")  # bash's prompt, from inside
+        term.write(b"echo in-$(pwd)-$(id -u)-$(tput cols)\r")
+        term.read_until(b"in-/workspace-65534-90")  # the workspace, the sandbox's user, this size
+        import fcntl
+        import signal
+        import struct
+        import termios
+
+        fcntl.ioctl(term.master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        term.proc.send_signal(signal.SIGWINCH)  # as the terminal emulator does on a resize
+        term.write(b"sleep 0.5; echo now-$(tput cols)\r")
+        term.read_until(b"now-120")
+        term.write(b"exit 7\r")
+        assert term.finish() == 7, term.text  # the shell's own exit code
+    finally:
+        sandloop("session", "rm", sid)
+
+
+def test_session_shell_of_a_session_that_is_not_there_says_so():
+    r = sandloop("session", "shell", "s-nosuchsession")
+    assert r.returncode != 0 and b"s-nosuchsession" in r.stderr, r.stderr
+    assert b"Traceback" not in r.stderr

@@ -4,6 +4,7 @@
     run.py      run, agent, doctor, reap, languages
     session.py  session create|ls|run|cell|cp|rm
     snapshots.py  session pause|resume|fork|snapshot|snapshots|snapshot-rm|from-snapshot
+    shell.py      session shell (an interactive terminal inside)
     serve.py    serve (HTTP API), mcp
     tokens.py   tokens create|ls|revoke
     images.py   images build|name
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-from sandloop.cli import cluster, images, run, serve, session, snapshots, templates, tokens  # noqa: F401 - they register their commands
+from sandloop.cli import cluster, images, run, serve, session, shell, snapshots, templates, tokens  # noqa: F401 - they register their commands
 from sandloop.cli.common import app
 
 __all__ = ["app", "main"]
