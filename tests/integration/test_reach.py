@@ -208,6 +208,8 @@ def test_preview_urls_by_host_and_by_path_with_their_access(server):
             assert (r.status_code, r.text) == (200, "previewed\n")
             r = client.get(f"/sandboxes/{sid}/ports/8000/hello.txt", headers=auth)  # the path form
             assert (r.status_code, r.text) == (200, "previewed\n")
+            # on the API's origin, a page is its own opaque origin (no reading the playground's token)
+            assert r.headers["content-security-policy"].startswith("sandbox allow-scripts")
             # a token once in the query (a browser's first visit) becomes a cookie for the preview
             r = client.get(f"/sandboxes/{sid}/ports/8000/hello.txt?sandloop_token={mine}")
             assert r.status_code == 200 and "sandloop_preview=" in r.headers["set-cookie"]

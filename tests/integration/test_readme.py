@@ -51,7 +51,7 @@ def left(made) -> tuple[set[str], set[str]]:
 
 
 def test_the_readme_has_the_examples_this_file_runs():
-    assert len(BLOCKS) == 8, "a Python block was added to or removed from the README: run it here too"
+    assert len(BLOCKS) == 9, "a Python block was added to or removed from the README: run it here too"
 
 
 def test_run_code_example(capsys):
@@ -125,4 +125,11 @@ def test_coming_from_e2b_example(tmp_path, monkeypatch, capsys):
             monkeypatch.setenv(name, value)
         exec(compile(BLOCKS[7], "README.md:e2b", "exec"), {})
     assert capsys.readouterr().out == "42\nhello\nfrom /home/user\n\n"
+    assert our_containers() == []
+
+
+def test_reaching_in_example(capsys, made):
+    exec(compile(BLOCKS[8], "README.md:reaching in", "exec"), {})
+    assert capsys.readouterr().out == "<h1>hello from the sandbox</h1>\nTrue 3\n"
+    assert made["sessions"] and left(made) == (set(), set()), "the example leaves a session behind"
     assert our_containers() == []

@@ -52,6 +52,8 @@ MAX_HEAD = 16 * 1024
 IDLE = 300.0
 MAX_BYTES = 1 << 30
 TOKEN_PARAM = "sandloop_token"
+#: What a path-form preview's answer carries: CSP's sandbox (an opaque origin) with what apps need.
+PATH_FORM_CSP = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
 COOKIE = "sandloop_preview"
 
 
@@ -69,8 +71,9 @@ class Target:
     headers: dict[str, str]
     by_path: bool
     query_token: str = ""
-    #: A cookie to set on the answer (a token given once in the query).
-    set_cookie: str = field(default="")
+    #: Header lines added to the answer (a cookie for a token given once in the query; the path
+    #: form's sandboxing policy).
+    add: list[str] = field(default_factory=list)
 
 
 def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str], list[bytes]] | None:
@@ -124,7 +127,7 @@ class Preview:
             rebuilt = _rebuild(method, path + query, version, raw, set(), []) if token else head
             found = Target(by_host.group(2), int(by_host.group(1)), rebuilt, headers, False, token)
             if token:
-                found.set_cookie = f"{COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax"
+                found.add.append(f"Set-Cookie: {COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax")
             return found
         by_path = PATH_FORM.match(target)
         if by_path:
@@ -135,10 +138,12 @@ class Preview:
             if headers.get("upgrade"):  # a WebSocket: the connection is the upgrade's, kept open
                 rebuilt = _rebuild(method, inner, version, raw, set(), [])
             found = Target(session_id, port, rebuilt, headers, True, token)
+            # On the API's own origin: the page is its own opaque origin, or its scripts could
+            # read the playground's token and call the API as its user.
+            found.add.append(f"Content-Security-Policy: {PATH_FORM_CSP}")
             if token:
-                found.set_cookie = (
-                    f"{COOKIE}={token}; Path=/sandboxes/{session_id}/ports/{port}; HttpOnly; SameSite=Lax"
-                )
+                cookie_path = f"/sandboxes/{session_id}/ports/{port}"
+                found.add.append(f"Set-Cookie: {COOKIE}={token}; Path={cookie_path}; HttpOnly; SameSite=Lax")
             return found
         return None
 
@@ -210,7 +215,7 @@ class Preview:
             raise Refused(502, f"sandbox {target.session_id} cannot be reached: {exc}") from None
 
 
-def refusal(status: int, message: str, set_cookie: str = "") -> bytes:
+def refusal(status: int, message: str) -> bytes:
     reason = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 502: "Bad Gateway", 503: "Service Unavailable"}
     body = json.dumps({"code": status, "message": message}).encode() + b"\n"
     head = (
@@ -312,9 +317,10 @@ class Relay(asyncio.Protocol):
         if data:
             self.last = time.monotonic()
             self.bytes += len(data)
-            if self.target.set_cookie and data.startswith(b"HTTP/1."):
-                data = data.replace(b"\r\n", f"\r\nSet-Cookie: {self.target.set_cookie}\r\n".encode(), 1)
-                self.target.set_cookie = ""
+            if self.target.add and data.startswith(b"HTTP/1."):  # the answer's head: after its status line
+                lines = "".join(f"\r\n{line}" for line in self.target.add)
+                data = data.replace(b"\r\n", lines.encode("latin-1") + b"\r\n", 1)
+                self.target.add = []
             self.transport.write(data)
         if ended or self.bytes > MAX_BYTES:
             self._close()
