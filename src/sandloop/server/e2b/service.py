@@ -29,7 +29,6 @@ from sandloop.server.tokens import Token
 
 if TYPE_CHECKING:
     from sandloop.server.context import Api
-    from sandloop.server.e2b.envd_pty import Ptys
     from sandloop.sessions import Session
     from sandloop.sessions.watch import Watcher
 
@@ -171,8 +170,9 @@ class E2B:
         self.api, self.registry = api, registry
         #: Preview URLs' domain (server/preview.py): ``<port>-<sandbox id>.<domain>``.
         self.preview_domain = preview_domain
-        #: Its sandboxes' terminals (``sandbox.pty``; envd_pty.py), set when envd's routes are mounted.
-        self.ptys: Ptys | None = None
+        #: Its sandboxes' terminals (``sandbox.pty``: envd_pty.Ptys), set when envd's routes are
+        #: mounted (envd_pty.py is above this module: it speaks envd's shapes).
+        self.ptys: Any = None
         #: The template build API's state (templates.py), set when the routes are mounted.
         self.templates: Any = None
         self._sessions: dict[str, Session] = {}
