@@ -8,6 +8,7 @@ seccomp filter, no new privileges), on runc and gVisor."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import socket
 import time
@@ -253,3 +254,59 @@ def test_a_head_past_the_cap_is_the_apis_to_refuse(server):
         sock.sendall(b"GET / HTTP/1.1\r\nHost: 8000-x.localhost\r\nX-Fill: " + b"a" * (70 * 1024) + b"\r\n\r\n")
         answer = sock.recv(4096)
     assert b"server: uvicorn" in answer.lower() and b"no sandbox" not in answer, answer  # the API's answer
+
+
+def test_a_terminal_over_http(server):
+    """The playground's terminal: create, follow its output (server-sent events), type, resize,
+    exit; another token sees none of it."""
+    url, mine, other = server
+    auth = {"Authorization": f"Bearer {mine}"}
+    with httpx.Client(base_url=url, timeout=60) as client:
+        sid = client.post("/v1/sessions", json={}, headers=auth).json()["id"]
+        try:
+            made = client.post(f"/v1/sessions/{sid}/terminals", json={"cols": 80, "rows": 24}, headers=auth)
+            assert made.status_code == 201, made.text
+            pid = made.json()["pid"]
+            assert [t["pid"] for t in client.get(f"/v1/sessions/{sid}/terminals", headers=auth).json()] == [pid]
+            foreign = {"Authorization": f"Bearer {other}"}
+            assert client.get(f"/v1/sessions/{sid}/terminals", headers=foreign).status_code == 404
+            assert (
+                client.post(
+                    f"/v1/sessions/{sid}/terminals/{pid}/input", json={"data": "x"}, headers=foreign
+                ).status_code
+                == 404
+            )
+            typed = client.post(
+                f"/v1/sessions/{sid}/terminals/{pid}/input", json={"data": "echo a$((40+2))b\r"}, headers=auth
+            )
+            assert typed.status_code == 204, typed.text
+            shown, code = b"", None
+            with client.stream("GET", f"/v1/sessions/{sid}/terminals/{pid}/output", headers=auth) as events:
+                kind = ""
+                for line in events.iter_lines():
+                    if line.startswith("event: "):
+                        kind = line[7:]
+                    elif line.startswith("data: ") and kind == "data":
+                        shown += base64.b64decode(json.loads(line[6:]))
+                        if b"a42b" in shown and b"resized" not in shown:
+                            client.post(
+                                f"/v1/sessions/{sid}/terminals/{pid}/resize",
+                                json={"cols": 111, "rows": 30},
+                                headers=auth,
+                            )
+                            client.post(
+                                f"/v1/sessions/{sid}/terminals/{pid}/input",
+                                json={"data": "echo resized-$(tput cols); exit 5\r"},
+                                headers=auth,
+                            )
+                            shown += b"resized"  # asked once
+                    elif line.startswith("data: ") and kind == "exit":
+                        code = json.loads(line[6:])["exit_code"]
+                        break
+            assert code == 5 and b"resized-111" in shown, shown[-400:]
+            gone = client.post(f"/v1/sessions/{sid}/terminals/{pid}/input", json={"data": "x"}, headers=auth)
+            assert gone.status_code == 404
+            bad = client.post(f"/v1/sessions/{sid}/terminals", json={"cols": 0}, headers=auth)
+            assert bad.status_code == 400 and "cols" in bad.json()["message"]
+        finally:
+            client.delete(f"/v1/sessions/{sid}", headers=auth)

@@ -43,6 +43,7 @@ from sandloop.server.runs import runs_routes
 from sandloop.server.sessions import session_routes
 from sandloop.server.snapshots import snapshot_routes
 from sandloop.server.templates import template_routes
+from sandloop.server.terminals import TerminalTable, terminal_routes
 from sandloop.server.tokens import TokenStore
 
 if TYPE_CHECKING:
@@ -170,6 +171,7 @@ def create_app(
     app.include_router(session_routes(api))
     app.include_router(snapshot_routes(api))
     app.include_router(template_routes(api))
+    app.include_router(terminal_routes(api, TerminalTable()))
     e2b = mount_e2b(app, api, preview_domain)  # E2B's SDKs: the control plane here, sandbox traffic split off
     app.state.preview = Preview(api, e2b, preview_domain)
     return app
