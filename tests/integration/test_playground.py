@@ -340,3 +340,33 @@ def test_a_session_and_a_run_from_a_template(operator_template, page, tmp_path):
     first.locator(".run").click()
     expect(first.locator(".stdout")).to_have_text("42\n", timeout=60_000)
     shot(page, tmp_path, "playground-template")
+
+
+def test_a_terminal_panel_types_inside_and_a_port_is_previewed(page, tmp_path):
+    """The terminal panel (xterm.js, shipped offline) types into a bash inside the session; a server
+    started there is shown by the port preview (the path form, an opaque origin of its own)."""
+    expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-"), timeout=60_000)
+    expect(page.locator("#open-terminal")).to_be_enabled(timeout=60_000)
+    page.click("#open-terminal")
+    expect(page.locator("#terminal-status")).to_have_text(re.compile(r"^bash \(pid \d+\)"), timeout=60_000)
+    screen = page.locator("#terminal .xterm-rows")
+    expect(screen).to_contain_text("$", timeout=60_000)  # the prompt, from inside
+    page.locator("#terminal").click()
+    page.keyboard.type("echo typed-$((6*7)) > page.html; cat page.html\n")
+    expect(screen).to_contain_text("typed-42", timeout=60_000)
+    page.keyboard.type("python3 -m http.server 8000 >/dev/null 2>&1 &\n")
+    page.fill("#preview-port", "8000")
+    frame = page.frame_locator("#port-frame")
+    for _ in range(60):  # the server inside takes a moment to listen: the preview answers 502 until then
+        page.click("#open-port")
+        try:
+            expect(frame.locator("body")).to_contain_text("page.html", timeout=2_000)
+            break
+        except AssertionError:
+            continue
+    expect(frame.locator("body")).to_contain_text("page.html")  # http.server's listing of /workspace
+    shot(page, tmp_path, "playground-terminal-and-port")
+    page.locator("#terminal").click()
+    page.keyboard.type("exit\n")
+    expect(page.locator("#terminal-status")).to_have_text("the shell ended (exit 0)", timeout=60_000)
+    expect(page.locator("#open-terminal")).to_be_enabled()

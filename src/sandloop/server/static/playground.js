@@ -312,6 +312,7 @@ function showSession() {
     ? `Session ${session}: each language keeps one interpreter (python, node and bash variables persist); files are in /workspace.`
     : "No session: each cell runs once in a fresh sandbox, its output streaming in. Create a session to keep state and files.";
   for (const li of $("sessions").children) li.classList.toggle("current", li.dataset.id === session);
+  showReach();
 }
 
 function attach(id) {
@@ -545,6 +546,109 @@ async function start() {
   refreshFiles();
   refreshUsage();
 }
+
+// -- a terminal inside the session, and previews of its ports ----------------------------------
+let term = null; // {xterm, pid, session, abort, pending, sending}
+
+function b64bytes(b64) {
+  const bin = atob(b64);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
+
+// Keys in the order typed: one input call at a time, what was typed meanwhile sent with the next.
+function typeInto(t, data) {
+  t.pending += data;
+  if (t.sending) return;
+  t.sending = true;
+  const chunk = t.pending;
+  t.pending = "";
+  api("POST", `/v1/sessions/${t.session}/terminals/${t.pid}/input`, { data: chunk })
+    .catch((e) => { $("terminal-status").textContent = e.message; })
+    .finally(() => { t.sending = false; if (t.pending) typeInto(t, ""); });
+}
+
+async function openTerminal() {
+  if (!session || term) return;
+  const xterm = new Terminal({ cols: 100, rows: 24, fontSize: 13, cursorBlink: true, convertEol: false });
+  $("terminal").textContent = "";
+  xterm.open($("terminal"));
+  $("terminal-status").textContent = "starting…";
+  let made;
+  try {
+    made = await api("POST", `/v1/sessions/${session}/terminals`, { cols: xterm.cols, rows: xterm.rows });
+  } catch (e) {
+    xterm.dispose();
+    $("terminal-status").textContent = e.message;
+    return;
+  }
+  term = { xterm, pid: made.pid, session, abort: new AbortController(), pending: "", sending: false };
+  const t = term;
+  xterm.onData((d) => typeInto(t, d));
+  $("terminal-status").textContent = `bash (pid ${t.pid}) in ${session}`;
+  $("open-terminal").disabled = true;
+  $("close-terminal").disabled = false;
+  xterm.focus();
+  try {
+    const res = await fetch(`/v1/sessions/${t.session}/terminals/${t.pid}/output`, { headers: headers(), signal: t.abort.signal });
+    if (!res.ok) throw await failure(res);
+    const reader = res.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, { stream: true });
+      let i;
+      while ((i = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, i);
+        buf = buf.slice(i + 2);
+        const kind = (block.match(/^event: (.*)$/m) || [])[1];
+        const data = (block.match(/^data: (.*)$/m) || [])[1];
+        if (kind === "data") xterm.write(b64bytes(JSON.parse(data)));
+        if (kind === "exit") $("terminal-status").textContent = `the shell ended (exit ${JSON.parse(data).exit_code})`;
+      }
+    }
+  } catch (e) {
+    if (e.name !== "AbortError") $("terminal-status").textContent = e.message;
+  }
+  if (term === t) closeTerminal(false);
+}
+
+function closeTerminal(hangUp) {
+  const t = term;
+  if (!t) return;
+  term = null;
+  t.abort.abort();
+  if (hangUp) api("DELETE", `/v1/sessions/${t.session}/terminals/${t.pid}`).catch(() => {});
+  $("open-terminal").disabled = !session;
+  $("close-terminal").disabled = true;
+}
+
+function previewPort() {
+  const port = parseInt($("preview-port").value, 10);
+  if (!session || !(port >= 1 && port <= 65535)) return;
+  // The path form, on this origin: the server gives its answer an opaque origin of its own (CSP
+  // sandbox), and turns the token given once here into a cookie for that preview only.
+  const path = `/sandboxes/${session}/ports/${port}/`;
+  const url = `${path}?sandloop_token=${encodeURIComponent($("token").value.trim())}`;
+  $("port-frame").hidden = false;
+  $("port-frame").src = url;
+  const own = `${location.protocol}//${port}-${session}.localhost${location.port ? ":" + location.port : ""}/`;
+  $("port-link").href = own + `?sandloop_token=${encodeURIComponent($("token").value.trim())}`;
+  $("port-link").textContent = own;
+}
+
+function showReach() {
+  $("open-terminal").disabled = !session || !!term;
+  $("open-port").disabled = !session;
+  if (term && term.session !== session) closeTerminal(true);
+}
+
+$("open-terminal").addEventListener("click", openTerminal);
+$("close-terminal").addEventListener("click", () => { closeTerminal(true); $("terminal-status").textContent = "closed"; });
+$("open-port").addEventListener("click", previewPort);
 
 fetch("/healthz").then((r) => r.json()).then((h) => { $("health").textContent = "engine: " + (h.status || h.code); });
 loadCells();
