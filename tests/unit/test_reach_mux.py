@@ -135,3 +135,46 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _flood_server() -> int:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                try:
+                    while True:
+                        conn.sendall(b"x" * 65536)
+                except OSError:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1]
+
+
+def test_a_flood_nobody_reads_is_capped_then_closed(reach, monkeypatch):
+    """A sandbox's server that never stops writing, to a reader that never reads: the host holds
+    at most BUFFER bytes of it, and the channel is closed once STALL passed (the agent's other
+    channels go on)."""
+    monkeypatch.setattr(mux, "BUFFER", 256 * 1024)
+    monkeypatch.setattr(mux, "STALL", 1.0)
+    channel = reach.connect(_flood_server())
+    deadline = time.monotonic() + 30
+    while not channel.ended and time.monotonic() < deadline:
+        assert channel._held <= mux.BUFFER + 65536  # one frame past the cap, at most
+        time.sleep(0.05)
+    assert channel.ended and "nobody read its output" in channel.why
+    term = reach.terminal(cmd=["/bin/echo", "still-served"], cwd="/")  # the agent still serves
+    assert b"still-served" in _read_until(term, b"still-served")
+
+
+def test_a_terminal_nobody_watches_keeps_its_last_output(reach, monkeypatch):
+    monkeypatch.setattr(mux, "BUFFER", 64 * 1024)
+    term = reach.terminal(cmd=["/bin/sh", "-c", "seq 1 200000; echo the-end"], cwd="/")
+    assert term.wait(60) == 0  # its end comes after all it showed
+    data, ended = term.take()
+    assert ended and len(data) <= 64 * 1024 + 65536 and data.rstrip().endswith(b"the-end")  # the newest kept
