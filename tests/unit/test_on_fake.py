@@ -350,3 +350,13 @@ def test_the_session_interpreters_supervisor_on_the_fake(fake):
         assert stubborn.interpreter_restarted and not stubborn.sandbox_replaced
         assert s.run_cell("echo $Y", context=ctx).stdout == "1\n"  # its sibling kept its shell
         assert [c.id for c in s.list_contexts()] == ["default", "default-javascript", ctx.id]
+
+
+def test_a_backend_that_cannot_reach_in_says_so(fake):
+    """Ports and terminals need a backend that can start a program in a running sandbox
+    (``Reachable``): the test double cannot, and says which backends can."""
+    with fake.create_session() as s:
+        with pytest.raises(SandboxError, match="cannot reach into a sandbox .*docker or oci backend"):
+            s.terminal()
+        with pytest.raises(SandboxError, match="cannot reach into a sandbox"):
+            s.connect(8000)
