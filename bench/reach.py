@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -120,46 +121,50 @@ def main() -> None:
             with serve_in_thread(app) as url:
                 api_port = int(url.rsplit(":", 1)[1])
                 sessions, exposed, terms, hosts = {}, {}, {}, {}
-                for rt in runtimes:
-                    s = root.create_session(SandboxLimits(runtime=rt), ttl=3600)
-                    tokens.own(s.id, tokens.verify(secret).id)  # type: ignore[union-attr]
-                    s.run_cell(SERVE)
-                    sessions[rt] = s
-                    hosts[rt] = f"8000-{s.id}.localhost:{api_port}"
-                    wait_served(api_port, hosts[rt], auth)
-                    exposed[rt] = s.expose(8000)
-                    terms[rt] = s.terminal(cmd=["/bin/cat"])
-                    results[f"preview URL ({rt})"] = []
-                    results[f"Session.expose ({rt})"] = []
-                    echo[rt] = []
-                wait_served(direct_port, "localhost")
-                for _ in range(args.runs):
-                    results["direct (host loopback)"].append(first_byte(direct_port, "localhost"))
+                try:
                     for rt in runtimes:
-                        results[f"preview URL ({rt})"].append(first_byte(api_port, hosts[rt], auth))
-                        results[f"Session.expose ({rt})"].append(first_byte(exposed[rt].address[1], "localhost"))
-                        started = time.perf_counter()
-                        terms[rt].send(b"k")
-                        got = b""
-                        while b"k" not in got:
-                            got += terms[rt].recv(10)
-                        echo[rt].append(time.perf_counter() - started)  # the terminal's echo of the key
-                        time.sleep(0.002)
-                        terms[rt].take()
-                inside = {}
-                for rt in runtimes:  # the same request made inside the sandbox, to its own loopback
-                    cell = sessions[rt].run_cell(INSIDE % args.runs, timeout_seconds=300)
-                    numbers = re.findall(r"\d+\.\d+(?:e-?\d+)?", cell.stdout)
-                    if len(numbers) != 2:
-                        raise RuntimeError(f"the measure inside {rt} failed: {cell.stdout!r} {cell.error}")
-                    inside[rt] = (float(numbers[0]), float(numbers[1]))
-                for rt in runtimes:
-                    exposed[rt].close()
-                    terms[rt].close()
-                    sessions[rt].delete()
+                        s = sessions[rt] = root.create_session(SandboxLimits(runtime=rt), ttl=3600)
+                        tokens.own(s.id, tokens.verify(secret).id)  # type: ignore[union-attr]
+                        s.run_cell(SERVE)
+                        hosts[rt] = f"8000-{s.id}.localhost:{api_port}"
+                        wait_served(api_port, hosts[rt], auth)
+                        exposed[rt] = s.expose(8000)
+                        terms[rt] = s.terminal(cmd=["/bin/cat"])
+                        results[f"preview URL ({rt})"] = []
+                        results[f"Session.expose ({rt})"] = []
+                        echo[rt] = []
+                    wait_served(direct_port, "localhost")
+                    for _ in range(args.runs):
+                        results["direct (host loopback)"].append(first_byte(direct_port, "localhost"))
+                        for rt in runtimes:
+                            results[f"preview URL ({rt})"].append(first_byte(api_port, hosts[rt], auth))
+                            results[f"Session.expose ({rt})"].append(first_byte(exposed[rt].address[1], "localhost"))
+                            started = time.perf_counter()
+                            terms[rt].send(b"k")
+                            got = b""
+                            while b"k" not in got:
+                                got += terms[rt].recv(10)
+                            echo[rt].append(time.perf_counter() - started)  # the terminal's echo of the key
+                            time.sleep(0.002)
+                            terms[rt].take()
+                    inside = {}
+                    for rt in runtimes:  # the same request made inside the sandbox, to its own loopback
+                        cell = sessions[rt].run_cell(INSIDE % args.runs, timeout_seconds=300)
+                        numbers = re.findall(r"\d+\.\d+(?:e-?\d+)?", cell.stdout)
+                        if len(numbers) != 2:
+                            raise RuntimeError(f"the measure inside {rt} failed: {cell.stdout!r} {cell.error}")
+                        inside[rt] = (float(numbers[0]), float(numbers[1]))
+                finally:  # whatever failed: nothing of the bench is left
+                    for rt in sessions:
+                        if rt in exposed:
+                            exposed[rt].close()
+                        if rt in terms:
+                            terms[rt].close()
+                        sessions[rt].delete()
     finally:
         direct.terminate()
         direct.wait(10)
+        shutil.rmtree(home, ignore_errors=True)
     base = p50(results["direct (host loopback)"])
     lines = [
         f"### Reaching into a sandbox ({args.runs} interleaved rounds, sandloop {__version__}, "
