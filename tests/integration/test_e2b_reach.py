@@ -7,12 +7,13 @@ gVisor, where a pause keeps the server's memory). What E2B's own ``pty/*``, ``te
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 
 import httpx
 import pytest
-from e2b import CommandExitException, Sandbox
+from e2b import AsyncSandbox, CommandExitException, Sandbox
 from e2b.sandbox.commands.command_handle import PtySize
 
 from sandloop import Sandloop, Settings
@@ -64,6 +65,24 @@ def test_a_terminal_takes_input_resizes_and_exits(box):
     shown = b"".join(output)
     # (a resize redraws the line being typed: each answer is looked for on its own)
     assert re.search(rb"123-(80|100)", shown) and b"in-/-dir" in shown and b"now-100x30" in shown, shown[-500:]
+
+
+def test_the_async_sdk_drives_a_terminal_and_a_host(server):
+    async def main() -> tuple[int, bytes, str]:
+        box = await AsyncSandbox.create(timeout=300)
+        try:
+            output: list[bytes] = []
+            term = await box.pty.create(PtySize(cols=90, rows=24), on_data=output.append)
+            await box.pty.resize(term.pid, PtySize(cols=91, rows=24))
+            await box.pty.send_stdin(term.pid, b"echo async-$(tput cols); exit\n")
+            result = await term.wait()
+            return result.exit_code, b"".join(output), box.get_host(8000)
+        finally:
+            await box.kill()
+
+    code, shown, host = asyncio.run(main())
+    assert code == 0 and re.search(rb"async-9[01]", shown), shown[-300:]
+    assert host.startswith("8000-") and host.endswith(f".localhost:{server.rsplit(':', 1)[1]}")
 
 
 def test_a_terminal_is_listed_killed_and_followed_again(box):
