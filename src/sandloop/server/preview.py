@@ -206,7 +206,7 @@ class Preview:
                     reach = session._reach()
                 finally:
                     session.let_go()
-            return reach.connect(target.port)
+            return reach.connect(target.port, first=target.head)  # the head behind the open: one round trip
         except PortClosed as exc:
             raise Refused(502, f"sandbox {target.session_id}: {exc}: start a server on it first") from None
         except ReachError as exc:
@@ -271,7 +271,7 @@ class Relay(asyncio.Protocol):
             self.loop.call_soon_threadsafe(self._pull)
 
         channel.on_ready = ready
-        self._send(self.target.head + bytes(self.early))
+        self._send(bytes(self.early))  # (the head went with the open)
         self.early.clear()
         self.transport.resume_reading()
         self._pull()

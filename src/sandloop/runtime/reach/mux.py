@@ -239,8 +239,10 @@ class Reach:
         self._writer.start()
 
     # -- opening -------------------------------------------------------------------------------
-    def connect(self, port: int, timeout: float = OPEN_TIMEOUT) -> Channel:
-        """A connection to ``port`` on the sandbox's loopback.
+    def connect(self, port: int, timeout: float = OPEN_TIMEOUT, first: bytes = b"") -> Channel:
+        """A connection to ``port`` on the sandbox's loopback. ``first``: bytes sent on it at once,
+        behind the request to connect (a request's head: no round trip to the agent between the
+        two; dropped there if nothing listens).
 
         Raises:
             PortClosed: nothing listens there.
@@ -248,7 +250,7 @@ class Reach:
         """
         if not 1 <= int(port) <= 65535:
             raise ReachError(f"port must be 1-65535, got {port}")
-        return self._open(Channel, TCP, str(int(port)).encode(), timeout)
+        return self._open(Channel, TCP, str(int(port)).encode(), timeout, first)
 
     def terminal(
         self,
@@ -266,7 +268,7 @@ class Reach:
         made.pid = int((made._opened or {}).get("pid", 0))
         return made
 
-    def _open(self, kind: type[Channel], op: int, payload: bytes, timeout: float) -> Channel:
+    def _open(self, kind: type[Channel], op: int, payload: bytes, timeout: float, first: bytes = b"") -> Channel:
         with self._lock:
             if not self.alive:
                 raise ReachError("the sandbox's agent is gone")
@@ -279,6 +281,8 @@ class Reach:
             self._channels[channel.number] = channel
         try:
             self._send(op, channel.number, payload)
+            if first:
+                channel.send(first)
             channel._wait_open(timeout)
         except BaseException:
             channel.close()
