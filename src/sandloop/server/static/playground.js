@@ -55,6 +55,11 @@ async function sse(path, body, onEvent, signal) {
     signal,
   });
   if (!res.ok) throw await failure(res);
+  await readEvents(res, onEvent);
+}
+
+// The server-sent events of an answer, each as onEvent(kind, data) (data parsed from JSON).
+async function readEvents(res, onEvent) {
   const reader = res.body.getReader();
   const dec = new TextDecoder();
   let buf = "";
@@ -67,6 +72,7 @@ async function sse(path, body, onEvent, signal) {
       const block = buf.slice(0, i);
       buf = buf.slice(i + 2);
       const kind = (block.match(/^event: (.*)$/m) || [])[1];
+      if (kind === undefined) continue; // a keepalive comment
       const data = JSON.parse((block.match(/^data: (.*)$/m) || [])[1] || "{}");
       onEvent(kind, data);
     }
@@ -593,23 +599,10 @@ async function openTerminal() {
   try {
     const res = await fetch(`/v1/sessions/${t.session}/terminals/${t.pid}/output`, { headers: headers(), signal: t.abort.signal });
     if (!res.ok) throw await failure(res);
-    const reader = res.body.getReader();
-    const dec = new TextDecoder();
-    let buf = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buf += dec.decode(value, { stream: true });
-      let i;
-      while ((i = buf.indexOf("\n\n")) >= 0) {
-        const block = buf.slice(0, i);
-        buf = buf.slice(i + 2);
-        const kind = (block.match(/^event: (.*)$/m) || [])[1];
-        const data = (block.match(/^data: (.*)$/m) || [])[1];
-        if (kind === "data") xterm.write(b64bytes(JSON.parse(data)));
-        if (kind === "exit") $("terminal-status").textContent = `the shell ended (exit ${JSON.parse(data).exit_code})`;
-      }
-    }
+    await readEvents(res, (kind, data) => {
+      if (kind === "data") xterm.write(b64bytes(data));
+      if (kind === "exit") $("terminal-status").textContent = `the shell ended (exit ${data.exit_code})`;
+    });
   } catch (e) {
     if (e.name !== "AbortError") $("terminal-status").textContent = e.message;
   }
