@@ -58,7 +58,8 @@ def test_a_terminal_takes_input_resizes_and_exits(box):
     term = box.pty.create(PtySize(cols=80, rows=24), envs={"ABC": "123"}, cwd="/")
     box.pty.send_stdin(term.pid, b"echo $ABC-$(tput cols) in-$(pwd)-dir\n")
     box.pty.resize(term.pid, PtySize(cols=100, rows=30))  # the line above may run before or after
-    box.pty.send_stdin(term.pid, b"echo now-$(tput cols)x$(tput lines)\nexit 3\n")
+    wait = b"for i in $(seq 50); do [ $(tput cols) = 100 ] && break; sleep 0.1; done; "  # gVisor: late once in 15
+    box.pty.send_stdin(term.pid, wait + b"echo now-$(tput cols)x$(tput lines)\nexit 3\n")
     with pytest.raises(CommandExitException) as ended:
         term.wait(on_pty=output.append)
     assert ended.value.exit_code == 3
