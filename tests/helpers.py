@@ -150,3 +150,21 @@ def busiest_container_cpu_share(window: float = 2.0, patience: float = 120.0, wo
                 base = {}
     finally:
         client.close()
+
+
+def read_until(channel, want: bytes, seconds: float = 60.0) -> bytes:
+    """What a reach channel or terminal (``runtime/reach/mux.py``) showed until ``want``, bounded:
+    past ``seconds``, or at its end without it, the failure says what it did show."""
+    import time
+
+    seen = b""
+    deadline = time.monotonic() + seconds
+    while want not in seen:
+        try:
+            chunk = channel.recv(max(0.1, deadline - time.monotonic()))
+        except TimeoutError:
+            raise AssertionError(f"no {want!r} within {seconds:.0f} s; it showed {seen[-500:]!r}") from None
+        if not chunk:
+            raise AssertionError(f"no {want!r} before its end; it showed {seen[-500:]!r}")
+        seen += chunk
+    return seen

@@ -20,6 +20,7 @@ from sandloop import SandboxLimits, Session
 from sandloop.runtime.reach.mux import PortClosed
 from sandloop.server.app import create_app
 from sandloop.server.tokens import TokenStore
+from tests.helpers import read_until
 from tests.servers import serve_in_thread
 
 #: A server on a port inside the sandbox, started by a cell: plain HTTP (python's http.server
@@ -72,18 +73,6 @@ def _until_served(get, seconds: float = 60.0):
         time.sleep(0.2)
 
 
-def _read_until(term, want: bytes, seconds: float = 60.0) -> bytes:
-    """What the terminal showed until ``want`` (bounded: its last output in the failure)."""
-    seen = b""
-    deadline = time.monotonic() + seconds
-    while want not in seen:
-        try:
-            seen += term.recv(max(0.1, deadline - time.monotonic()))
-        except TimeoutError:
-            raise AssertionError(f"no {want!r} within {seconds:.0f} s; the terminal showed {seen[-500:]!r}") from None
-    return seen
-
-
 def _ws_roundtrip(sock: socket.socket, head: bytes, message: bytes) -> tuple[bytes, bytes]:
     """(the answer's head, the first frame's payload) of a WebSocket opened by ``head``."""
     sock.sendall(head)
@@ -122,12 +111,12 @@ def test_expose_and_a_terminal_in_a_session(runtime):
 
         term = s.terminal(cols=80, rows=24, envs={"ABC": "123"})
         term.send(b"echo $ABC-$(tput cols)-$(id -u)\n")
-        assert b"123-80-65534" in _read_until(term, b"123-80-65534")  # its env, its size, the sandbox's user
+        assert b"123-80-65534" in read_until(term, b"123-80-65534")  # its env, its size, the sandbox's user
         term.resize(132, 40)
         # (gVisor: a resize reached the next command late once in 15, seen in ci12: asked until it is
         # seen, bounded, so a resize that never comes still fails)
         term.send(b"for i in $(seq 50); do [ $(tput cols) = 132 ] && break; sleep 0.1; done; echo now=$(tput cols)\n")
-        assert b"now=132" in _read_until(term, b"now=132")
+        assert b"now=132" in read_until(term, b"now=132")
         term.send(b"exit 4\n")
         assert term.wait(30) == 4
 

@@ -15,6 +15,7 @@ import pytest
 from sandloop.runtime.oci.kernels import ProcessStream
 from sandloop.runtime.reach import mux
 from sandloop.runtime.reach.mux import PortClosed, Reach, ReachError
+from tests.helpers import read_until
 
 
 @pytest.fixture
@@ -45,20 +46,12 @@ def _echo_server() -> tuple[int, threading.Thread]:
     return listener.getsockname()[1], t
 
 
-def _read_until(channel: mux.Channel, want: bytes, seconds: float = 20.0) -> bytes:
-    got = b""
-    deadline = time.monotonic() + seconds
-    while want not in got:
-        got += channel.recv(max(0.1, deadline - time.monotonic()))
-    return got
-
-
 def test_a_port_carries_bytes_both_ways_and_ends(reach):
     port, server = _echo_server()
     channel = reach.connect(port)
     payload = os.urandom(300_000).hex().encode()  # 600 kB: many frames each way
     channel.send(payload)
-    assert _read_until(channel, payload.upper()[-64:]) == payload.upper()
+    assert read_until(channel, payload.upper()[-64:]) == payload.upper()
     channel.end_input()  # the server sees the end, closes, and the channel ends
     assert channel.recv(20) == b""
     assert channel.ended
@@ -82,10 +75,10 @@ def test_a_terminal_runs_resizes_takes_input_and_exits(reach):
     term = reach.terminal(cols=80, rows=24, cmd=["/bin/bash", "--norc", "-i"], envs={"ABC": "123"}, cwd="/")
     assert term.pid > 0
     term.send(b"echo $ABC-$(tput cols)\n")
-    assert b"123-80" in _read_until(term, b"123-80")
+    assert b"123-80" in read_until(term, b"123-80")
     term.resize(100, 30)
     term.send(b"echo size=$(tput cols)x$(tput lines)\n")
-    assert b"size=100x30" in _read_until(term, b"size=100x30")
+    assert b"size=100x30" in read_until(term, b"size=100x30")
     term.send(b"exit 3\n")
     assert term.wait(20) == 3
 
@@ -98,7 +91,7 @@ def test_a_terminal_is_killed_by_a_signal(reach):
 
 def test_a_program_that_cannot_start_says_why_on_its_terminal(reach):
     term = reach.terminal(cmd=["/no/such/program"], cwd="/")
-    assert b"cannot start /no/such/program" in _read_until(term, b"cannot start")
+    assert b"cannot start /no/such/program" in read_until(term, b"cannot start")
     assert term.wait(20) == 127
     with pytest.raises(ReachError, match="no such directory in the sandbox: /nowhere"):
         reach.terminal(cwd="/nowhere")
@@ -169,7 +162,7 @@ def test_a_flood_nobody_reads_is_capped_then_closed(reach, monkeypatch):
         time.sleep(0.05)
     assert channel.ended and "nobody read its output" in channel.why
     term = reach.terminal(cmd=["/bin/echo", "still-served"], cwd="/")  # the agent still serves
-    assert b"still-served" in _read_until(term, b"still-served")
+    assert b"still-served" in read_until(term, b"still-served")
 
 
 def test_a_terminal_nobody_watches_keeps_its_last_output(reach, monkeypatch):
