@@ -86,8 +86,14 @@ next "runtime image (sandloop images build; offline, about a minute the first ti
 
 if [ "$DEV" = 1 ]; then
     # Debian's Chromium for the playground's browser tests (Playwright drives it; nothing is downloaded).
-    next "Debian's chromium for the browser tests"
+    next "Debian's chromium for the browser tests, E2B's JavaScript SDK (npm ci in tests/js)"
     have chromium chromium "the playground's browser tests will fail"
+    # E2B's JavaScript SDK for tests/integration/test_e2b_reach.py, pinned by tests/js/package-lock.json.
+    have npm npm "the JavaScript SDK's test will fail"
+    if [ ! -f tests/js/node_modules/.installed ] || [ tests/js/package-lock.json -nt tests/js/node_modules/.installed ]; then
+        npm ci --prefix tests/js --no-audit --no-fund --loglevel=error >/dev/null
+        touch tests/js/node_modules/.installed
+    fi
 
     next "$OLD_E2B: the oldest E2B SDKs (e2b 2.26.0, e2b-code-interpreter 2.9.0)"
     if [ -n "$old_e2b_pid" ] && ! wait "$old_e2b_pid"; then

@@ -8,8 +8,13 @@ gVisor, where a pause keeps the server's memory). What E2B's own ``pty/*``, ``te
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import re
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,6 +24,7 @@ from e2b.sandbox.commands.command_handle import PtySize
 from sandloop import Sandloop, Settings
 from sandloop.server.app import create_app
 from sandloop.server.tokens import TokenStore
+from tests.conftest import _missing
 from tests.servers import e2b_environment, serve_in_thread
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -160,3 +166,32 @@ def test_a_paused_sandbox_with_auto_resume_wakes_on_an_http_request(server):
         cmd.kill()
     finally:
         box.kill()
+
+
+JS = Path(__file__).parents[1] / "js"
+
+
+def test_the_javascript_sdk_drives_a_terminal_and_a_host(server):
+    """E2B's JS SDK (e2b 2.51.0, installed into tests/js by ``scripts/setup.sh --dev``), unchanged,
+    in node with every connection outside loopback refused (tests/js/loopback-only.cjs)."""
+    node = shutil.which("node")
+    if node is None or not (JS / "node_modules" / "e2b").is_dir():
+        _missing("node and tests/js/node_modules (scripts/setup.sh --dev installs them)")
+    guard = ["--require", str(JS / "loopback-only.cjs")]
+    probe = "fetch('https://api.e2b.app/').then(() => console.log('left'), (e) => console.log(e.cause.message))"
+    refused = subprocess.run([node, *guard, "-e", probe], capture_output=True, text=True, timeout=60)
+    assert refused.stdout.startswith("loopback-only: refused"), refused  # the guard holds
+    done = subprocess.run(
+        [node, *guard, str(JS / "reach.mjs")],
+        cwd=JS, env=dict(os.environ), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    port = server.rsplit(":", 1)[1]
+    assert seen["command"] == "js-42\n"
+    assert seen["listed"] and seen["reconnected"]
+    assert seen["exit"] == 5 and "from-js-80" in seen["terminal"] and "now-120x40" in seen["terminal"]
+    assert (seen["killed"], seen["killedAgain"]) == (True, False)  # E2B's: false once it is gone
+    assert seen["host"].startswith("8000-") and seen["host"].endswith(f".localhost:{port}")
+    assert seen["preview"] == {"status": 200, "body": "served-by-js\n"}
+    assert seen["closedPort"] == 502 and seen["alive"] is False
