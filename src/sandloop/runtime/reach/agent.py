@@ -16,73 +16,116 @@ It answers ``OPENED`` (JSON, a terminal's ``pid``) or ``REFUSED`` (why), then ``
 the signal that ended it). It reaches nothing the sandbox's code could not reach itself: its
 loopback, its programs. It ends when its stdin ends (the host went away): every connection is
 closed and every terminal hung up.
+
+One thread, one loop (``selectors``): a frame from the host is handled where it is read, and a
+sandbox's answer is framed where it is read, with no hand-over between threads on the way (each
+costs a futex round trip, dear under gVisor's ptrace platform: issue 38's first-byte target).
+Input for a channel waits in its own buffer until the socket or terminal takes it; past
+``QUEUED`` bytes the host's stream is not read until it drains (the sandbox's program is not
+reading what it is sent).
 """
 
 import fcntl
 import json
 import os
 import pty
-import queue
 import select
+import selectors
 import signal
 import socket
 import struct
 import termios
-import threading
+import time
 
 HEADER = struct.Struct(">BII")
 TCP, PTY, DATA, EOF, CLOSE, RESIZE, SIGNAL, OPENED, REFUSED, EXIT = range(1, 11)
 CHUNK = 65536
-#: Frames of input waiting for one channel; past it the reader of stdin waits (the sandbox's
-#: program is not reading what it is sent).
-QUEUED = 256
+#: Bytes of input waiting for one channel; past it the host's stream waits.
+QUEUED = 1 << 20
+#: How often a terminal whose output is quiet is asked whether its process ended (gVisor gives
+#: no EIO at a terminal's end), and a closed terminal's process reaped.
+POLL = 0.2
+CONNECT_TIMEOUT = 10.0
 
-out_lock = threading.Lock()
+selector = selectors.DefaultSelector()
 
 
 def send(kind, channel, payload=b""):
-    frame = HEADER.pack(kind, channel, len(payload)) + payload
-    with out_lock:
-        view = memoryview(frame)
-        while view:
-            n = os.write(1, view)
-            view = view[n:]
+    """A frame to the host, whole (it reads all the time: its buffers are its own)."""
+    view = memoryview(HEADER.pack(kind, channel, len(payload)) + payload)
+    while view:
+        try:
+            view = view[os.write(1, view) :]
+        except BlockingIOError:  # stdout shares stdin's non-blocking file (one socket)
+            select.select([], [1], [])
 
 
-def read_exact(n):
-    parts, left = [], n
-    while left:
-        chunk = os.read(0, left)
-        if not chunk:
-            return None
-        parts.append(chunk)
-        left -= len(chunk)
-    return b"".join(parts)
+def set_size(fd, cols, rows):
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", int(rows), int(cols), 0, 0))
 
 
 class Channel:
     def __init__(self, number):
         self.number = number
-        self.inbox = queue.Queue(QUEUED)
-        self.closed = False
+        self.pending = bytearray()  # input from the host, not yet taken
+        self.input_ended = False
+        self.output_ended = False
+        self.gone = False  # closed: events already selected for it are dropped
 
-    def start(self):
-        threading.Thread(target=self.pump_in, daemon=True).start()
-        threading.Thread(target=self.pump_out, daemon=True).start()
+    def want(self):
+        events = 0 if self.output_ended else selectors.EVENT_READ
+        return events | (selectors.EVENT_WRITE if self.pending else 0)
 
-    def pump_in(self):
-        """Input from the host, written in order."""
-        while True:
-            kind, data = self.inbox.get()
-            if kind is None or self.closed:
-                return
-            try:
-                if kind == DATA:
-                    self.write(data)
-                elif kind == EOF:
-                    self.end_input()
-            except OSError:
-                pass
+    def watch(self):
+        if self.gone or self.fd < 0:
+            return
+        events = self.want()
+        try:
+            key = selector.get_key(self.fd)
+        except KeyError:
+            if events:
+                selector.register(self.fd, events, self)
+            return
+        if not events:
+            selector.unregister(self.fd)
+        elif key.events != events:
+            selector.modify(self.fd, events, self)
+
+    def give(self, data):
+        self.pending += data
+        self.watch()
+
+    def flush(self):
+        try:
+            while self.pending:
+                n = self.write(self.pending)
+                del self.pending[:n]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.pending.clear()
+            self.input_ended = False
+        if not self.pending and self.input_ended:
+            self.input_ended = False
+            self.end_input()
+        self.watch()
+
+    def readable(self):
+        try:
+            data = self.read()
+        except BlockingIOError:
+            return
+        except OSError:  # a reset connection; EIO: every holder of the terminal let go of it
+            data = b""
+        if data:
+            send(DATA, self.number, data)
+        else:
+            self.ended()
+
+    def ended(self):
+        self.output_ended = True
+        self.watch()
+        send(EOF, self.number)
 
 
 class Port(Channel):
@@ -91,6 +134,7 @@ class Port(Channel):
         self.sock = None
         for family, address in ((socket.AF_INET, ("127.0.0.1", port)), (socket.AF_INET6, ("::1", port))):
             sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.settimeout(CONNECT_TIMEOUT)
             try:
                 sock.connect(address)
             except OSError as exc:
@@ -102,38 +146,30 @@ class Port(Channel):
         if self.sock is None:
             raise OSError("nothing listens on port %d in the sandbox (%s)" % (port, error.strerror or error))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.setblocking(False)
+        self.fd = self.sock.fileno()
 
     def opened(self):
         return {}
 
+    def read(self):
+        return self.sock.recv(CHUNK)
+
     def write(self, data):
-        self.sock.sendall(data)
+        return self.sock.send(data)
 
     def end_input(self):
-        self.sock.shutdown(socket.SHUT_WR)
-
-    def pump_out(self):
         try:
-            while True:
-                data = self.sock.recv(CHUNK)
-                if not data:
-                    break
-                send(DATA, self.number, data)
+            self.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-        send(EOF, self.number)
 
     def close(self):
-        self.closed = True
-        self.inbox.put((None, None))
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-
-def set_size(fd, cols, rows):
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", int(rows), int(cols), 0, 0))
+        self.gone = True
+        if self.fd in selector.get_map():
+            selector.unregister(self.fd)
+        self.sock.close()
+        return True
 
 
 class Terminal(Channel):
@@ -161,18 +197,25 @@ class Terminal(Channel):
                 os.write(2, ("cannot start %s: %s\r\n" % (cmd[0], exc)).encode())
             os._exit(127)
         self.pid, self.fd = pid, fd
+        os.set_blocking(fd, False)
         set_size(fd, cols, rows)
+        self.status = None
+        self.heard = time.monotonic()
+        self.exited = False  # EXIT sent
 
     def opened(self):
         return {"pid": self.pid}
 
+    def read(self):
+        data = os.read(self.fd, CHUNK)
+        self.heard = time.monotonic()
+        return data
+
     def write(self, data):
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view) :]
+        return os.write(self.fd, data)
 
     def end_input(self):
-        self.write(b"\x04")
+        self.give(b"\x04")
 
     def resize(self, cols, rows):
         set_size(self.fd, cols, rows)
@@ -183,54 +226,111 @@ class Terminal(Channel):
         except OSError:
             pass
 
-    def pump_out(self):
-        # Its end is its process's end: a terminal's reads end with EIO once every holder let go
-        # under Linux, but not under gVisor, so the process is asked after each quiet moment.
-        status = None
-        while True:
-            ready, _, _ = select.select([self.fd], [], [], 0.2 if status is None else 0)
-            if not ready:
-                if status is not None:
-                    break
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-                if pid == 0:
-                    status = None
-                continue
+    def reaped(self):
+        if self.status is None:
             try:
-                data = os.read(self.fd, CHUNK)
-            except OSError:  # EIO: every process holding the terminal has let go of it
-                data = b""
-            if not data:
-                break
-            send(DATA, self.number, data)
-        if status is None:
-            _, status = os.waitpid(self.pid, 0)
-        code = os.waitstatus_to_exitcode(status)
-        send(EOF, self.number)
-        send(EXIT, self.number, str(code).encode())
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid:
+                self.status = status
+        return self.status is not None
+
+    def tick(self, now):
+        """Asked each loop once quiet for POLL: True once a closed terminal's process is reaped."""
+        if self.exited or now - self.heard < POLL:
+            return self.gone and self.exited
+        self.heard = now
+        if not self.reaped():
+            return False
+        self.exited = True
+        if not self.gone:
+            for _ in range(256):  # what it wrote before it ended (bounded), then its end
+                if self.output_ended:
+                    break
+                self.readable()
+                if not self.output_ended and not select_ready(self.fd):
+                    self.ended()
+            if not self.output_ended:
+                self.ended()
+            send(EXIT, self.number, str(os.waitstatus_to_exitcode(self.status)).encode())
+        self.release()
+        return self.gone
+
+    def release(self):
+        if self.fd < 0:
+            return
+        if self.fd in selector.get_map():
+            selector.unregister(self.fd)
+        os.close(self.fd)
+        self.fd = -1
 
     def close(self):
-        self.closed = True
-        self.inbox.put((None, None))
-        self.signal(signal.SIGHUP)
-        self.signal(signal.SIGCONT)
+        """Hung up; True once its process is reaped (else ``tick`` reaps it when it ends)."""
+        self.gone = True
+        if not self.reaped():
+            self.signal(signal.SIGHUP)
+            self.signal(signal.SIGCONT)
+        self.release()
+        self.exited = self.exited or self.status is not None
+        return self.exited
 
 
-def main():
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    channels = {}
-    while True:
-        header = read_exact(HEADER.size)
-        if header is None:
-            break
-        kind, number, length = HEADER.unpack(header)
-        payload = read_exact(length) if length else b""
-        if payload is None:
-            break
+def select_ready(fd):
+    probe = selectors.DefaultSelector()
+    try:
+        probe.register(fd, selectors.EVENT_READ)
+        return bool(probe.select(0))
+    finally:
+        probe.close()
+
+
+class Host:
+    """The stream from the host: frames in, read as they come (stdin, non-blocking)."""
+
+    def __init__(self, channels):
+        self.channels = channels
+        self.buffer = bytearray()
+        self.ended = False
+        os.set_blocking(0, False)
+        selector.register(0, selectors.EVENT_READ, self)
+
+    def readable(self):
+        try:
+            data = os.read(0, CHUNK)
+        except BlockingIOError:
+            return
+        if not data:
+            self.ended = True
+            selector.unregister(0)
+            return
+        self.buffer += data
+        self.frames()
+
+    def frames(self):
+        buffer = self.buffer
+        while len(buffer) >= HEADER.size:
+            kind, number, length = HEADER.unpack_from(buffer)
+            if len(buffer) < HEADER.size + length:
+                break
+            payload = bytes(buffer[HEADER.size : HEADER.size + length])
+            del buffer[: HEADER.size + length]
+            self.handle(kind, number, payload)
+        self.hold()
+
+    def hold(self):
+        """Not read further while a channel has more than QUEUED bytes waiting."""
+        if self.ended:
+            return
+        full = any(len(c.pending) > QUEUED for c in self.channels.values())
+        held = 0 not in selector.get_map()
+        if full and not held:
+            selector.unregister(0)
+        elif held and not full:
+            selector.register(0, selectors.EVENT_READ, self)
+
+    def handle(self, kind, number, payload):
+        channels = self.channels
         channel = channels.get(number)
         try:
             if kind in (TCP, PTY):
@@ -239,13 +339,20 @@ def main():
                 made = Port(number, int(payload)) if kind == TCP else Terminal(number, json.loads(payload))
                 channels[number] = made
                 send(OPENED, number, json.dumps(made.opened()).encode())
-                made.start()
-            elif channel is None:
-                continue  # closed meanwhile: what was in flight for it goes nowhere
-            elif kind in (DATA, EOF):
-                channel.inbox.put((kind, payload))
+                made.watch()
+            elif channel is None or channel.gone:
+                return  # closed meanwhile: what was in flight for it goes nowhere
+            elif isinstance(channel, Terminal) and channel.fd < 0:
+                return  # its process ended: input, sizes and signals go nowhere
+            elif kind == DATA:
+                channel.give(payload)
+                channel.flush()
+            elif kind == EOF:
+                channel.input_ended = True
+                channel.flush()
             elif kind == CLOSE:
-                channels.pop(number).close()
+                if channel.close():
+                    del channels[number]
             elif kind == RESIZE and isinstance(channel, Terminal):
                 size = json.loads(payload)
                 channel.resize(size["cols"], size["rows"])
@@ -253,6 +360,32 @@ def main():
                 channel.signal(int(payload))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             send(REFUSED, number, str(getattr(exc, "strerror", None) or exc).encode())
+
+
+def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    channels = {}
+    host = Host(channels)
+    while not host.ended:
+        terminals = any(isinstance(c, Terminal) for c in channels.values())
+        for key, events in selector.select(POLL if terminals else None):
+            owner = key.data
+            if owner is host:
+                host.readable()
+                continue
+            if owner.gone:
+                continue
+            if events & selectors.EVENT_WRITE:
+                owner.flush()
+            if events & selectors.EVENT_READ and not owner.output_ended:
+                owner.readable()
+        if terminals:
+            now = time.monotonic()
+            for number, channel in list(channels.items()):
+                if isinstance(channel, Terminal) and channel.tick(now):
+                    del channels[number]
+        if not host.ended:
+            host.hold()
     for channel in list(channels.values()):
         channel.close()
 
