@@ -171,3 +171,65 @@ def test_a_terminal_nobody_watches_keeps_its_last_output(reach, monkeypatch):
     assert term.wait(60) == 0  # its end comes after all it showed
     data, ended = term.take()
     assert ended and len(data) <= 64 * 1024 + 65536 and data.rstrip().endswith(b"the-end")  # the newest kept
+
+
+def test_one_agent_serves_channels_side_by_side(reach):
+    """One loop in the agent: two connections carry data at once, and a terminal answers
+    while they do, each channel's bytes whole and in order."""
+    ports = [_echo_server() for _ in range(2)]
+    channels = [reach.connect(port) for port, _ in ports]
+    payloads = [os.urandom(200_000).hex().encode() for _ in channels]
+    senders = [threading.Thread(target=c.send, args=(p,)) for c, p in zip(channels, payloads, strict=True)]
+    for t in senders:
+        t.start()
+    term = reach.terminal(cmd=["/bin/echo", "meanwhile"], cwd="/")
+    assert b"meanwhile" in read_until(term, b"meanwhile")
+    for channel, payload in zip(channels, payloads, strict=True):
+        assert read_until(channel, payload.upper()[-64:]) == payload.upper()
+    for t in senders:
+        t.join(20)
+    for channel in channels:
+        channel.close()
+
+
+def test_input_a_server_does_not_read_yet_waits_whole(reach):
+    """The agent holds what a sandbox's program does not read yet (up to its own cap, then it
+    stops reading the host's stream) and loses none of it once the program reads."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    go = threading.Event()
+    got = bytearray()
+
+    def slow() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            go.wait(30)
+            with conn:
+                while data := conn.recv(65536):
+                    got.extend(data)
+
+    server = threading.Thread(target=slow, daemon=True)
+    server.start()
+    channel = reach.connect(listener.getsockname()[1])
+    payload = os.urandom(8_000_000)  # past loopback's buffers and the 1 MiB the agent holds per channel
+    sender = threading.Thread(target=channel.send, args=(payload,))
+    sender.start()
+    time.sleep(0.5)  # (not a wait for anything: gives the sender time to fill what it can)
+    go.set()
+    sender.join(30)
+    channel.end_input()
+    server.join(30)
+    assert bytes(got) == payload
+    channel.close()
+
+
+def test_a_closed_terminals_process_is_hung_up_and_reaped(reach):
+    term = reach.terminal(cmd=["/bin/sleep", "600"], cwd="/")
+    pid = term.pid
+    term.close()
+    deadline = time.monotonic() + 20
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)  # gone: not even a zombie of the agent's
+    assert not os.path.exists(f"/proc/{pid}")
+    assert reach.terminal(cmd=["/bin/echo", "next"], cwd="/").wait(20) == 0
