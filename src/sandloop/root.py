@@ -31,6 +31,7 @@ from sandloop.pool.reaper import Reaped, reap
 from sandloop.requests import build_request
 from sandloop.runtime.base import BackendInfo, FullBackend, RemoteSessions
 from sandloop.sessions.host import provide_default
+from sandloop.sessions.idle import IdlePauser
 from sandloop.sessions.reserve import Reserves
 from sandloop.sessions.snapshots import ClusterSnapshots, SnapshotStore
 from sandloop.sessions.store import SessionRecord, SessionStore
@@ -88,6 +89,9 @@ class Sandloop:
         self.templates = Templates(
             self.backend.image_builder, self.image, self._sessions_using, lambda: self.dispatcher.quiesce(30)
         )
+        #: Idle sessions paused to disk (``Settings.session_idle_pause_seconds``; 0: never).
+        self.idle = IdlePauser(self, self.settings.session_idle_pause_seconds)
+        self.idle.start()
         self._closed = False
 
     # -- runs -----------------------------------------------------------------------------------
@@ -184,6 +188,7 @@ class Sandloop:
         """Remove warm sandboxes and pending removals; close the engine connection. Idempotent."""
         if not self._closed:
             self._closed = True
+            self.idle.close()
             self.dispatcher.close()
             self.backend.close()
 

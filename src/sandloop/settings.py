@@ -123,6 +123,13 @@ class Settings(BaseSettings):
     paused_retention_seconds: float = Field(
         30 * 86400, gt=0, description="How long a paused session is kept (its idle TTL stops while it is paused)."
     )
+    session_idle_pause_seconds: float = Field(
+        0,
+        ge=0,
+        description="A session whose interpreter has run no cell this long is paused to disk (its memory under "
+        "gVisor, its picklable state under runc) and resumed by its next call, so a host holds more sessions than "
+        "its memory; 0 (the default) never pauses one for idleness.",
+    )
     snapshot_retention_seconds: float = Field(
         30 * 86400, gt=0, description="How long a snapshot is kept before the reaper removes it."
     )

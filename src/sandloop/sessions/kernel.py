@@ -83,6 +83,27 @@ class Kernel:
                 self._held.depth = 0
                 fcntl.flock(f, fcntl.LOCK_UN)
 
+    @contextlib.contextmanager
+    def try_locked(self) -> Iterator[bool]:
+        """``locked`` if nobody holds it now (True), else at once False: for upkeep that must
+        never wait behind a cell (an idle pause)."""
+        if getattr(self._held, "depth", 0):
+            with self.locked():
+                yield True
+            return
+        with open(self.lock_path, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            self._held.depth = 1
+            try:
+                yield True
+            finally:
+                self._held.depth = 0
+                fcntl.flock(f, fcntl.LOCK_UN)
+
     def running(self) -> Sandbox | None:
         """The session's interpreter if one runs (connected), without starting one."""
         if self._sandbox is not None and self.backend.is_alive(self._sandbox):

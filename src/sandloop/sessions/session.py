@@ -210,6 +210,11 @@ class Session(SessionFiles, SessionSnapshots, SessionReach):
         # A session on another host (Ray): its node refuses a paused session's sandboxes, with no
         # call here for every cell to ask.
         if self._store.remote is None and self.paused:
+            if self.paused_for_idleness:  # paused for want of use, not by a caller: its use resumes it
+                with self._kernel.locked():
+                    if self.paused:
+                        self.resume_here()
+                return
             raise SessionPaused(f"session {self.id} is paused: resume it (resume(), or Session.attach) to use it")
 
     # -- running --------------------------------------------------------------------------------

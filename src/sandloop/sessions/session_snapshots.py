@@ -17,12 +17,14 @@ from pathlib import Path
 from sandloop.contract import (
     InvalidArgument,
     SandboxError,
+    SessionNotFound,
     SessionNotPaused,
 )
 from sandloop.sessions.host import SessionHost, default_host
 from sandloop.sessions.session_parts import SessionParts
 from sandloop.sessions.session_reach import close_reach
 from sandloop.sessions.snapshots import (
+    IDLE_MARK,
     LOAD_STATE,
     PAUSED,
     SAVE_STATE,
@@ -32,6 +34,7 @@ from sandloop.sessions.snapshots import (
     copy_files,
     memory_backend,
     new_snapshot_id,
+    paused_for_idleness,
     place_file,
     take_file,
 )
@@ -70,10 +73,16 @@ class SessionSnapshots(SessionParts):
                 return self._store.remote.pause_session(asdict(self._record), keep_memory)
         return self.pause_here(keep_memory=keep_memory)
 
-    def pause_here(self, *, keep_memory: bool = True) -> str:
-        """``pause`` on the host that holds the session's workspace and interpreter."""
+    def pause_here(self, *, keep_memory: bool = True, idle: bool = False) -> str:
+        """``pause`` on the host that holds the session's workspace and interpreter; ``idle``:
+        paused for want of use (``sessions/idle.py``), so its next call resumes it."""
         with self._kernel.locked():
             self._recover()
+            if self.paused and self.paused_for_idleness and not idle:
+                # Paused for want of use: a caller's pause makes it theirs (it stays paused now
+                # until they resume it), with what the idle pause kept.
+                (self._home / PAUSED / IDLE_MARK).unlink(missing_ok=True)
+                return str(self.paused)
             if self.paused:
                 raise SessionNotPaused(f"session {self.id} is already paused; resume it first")
             staged = self._home / f".{PAUSED}"
@@ -83,12 +92,34 @@ class SessionSnapshots(SessionParts):
                 kind, dropped = self._keep(staged, keep_running=False, files_only=not keep_memory)
                 (staged / "dropped.json").write_text(json.dumps(dropped))
                 (staged / "kind").write_text(kind)
+                if idle:
+                    (staged / IDLE_MARK).write_text(str(time.time()))
                 os.rename(staged, self._home / PAUSED)
             except BaseException:
                 shutil.rmtree(staged, ignore_errors=True)
                 raise
             self._dispatcher.drop_pools(lambda spec: (SESSION_LABEL, self.id) in spec.labels)
             return kind
+
+    def pause_if_idle(self, idle_seconds: float) -> str | None:
+        """Pause the session for want of use (``sessions/idle.py``) if nothing has used it for
+        ``idle_seconds``, its interpreter runs and no cell, pause or resume holds it now (never
+        waits for one); the kind kept, or None: left as it was."""
+        with self._kernel.try_locked() as held:
+            if not held or self._store.remote is not None or self._store.stopped_here(self.id):
+                return None
+            try:  # as it is now: a call may have used it since the caller listed it
+                record = self._store.load(self.id)
+            except SessionNotFound:
+                return None
+            if time.time() - record.last_used < idle_seconds or self._kernel.running() is None:
+                return None  # used since, or nothing in memory to free (a pause would keep files only)
+            return self.pause_here(keep_memory=True, idle=True)
+
+    @property
+    def paused_for_idleness(self) -> bool:
+        """Paused by the idle pause (not by a caller): the next call resumes it."""
+        return self._store.remote is None and paused_for_idleness(self._home)
 
     def resume(self) -> str:
         """Start the paused session again as it was (same id); the kind it was kept as.

@@ -40,6 +40,9 @@ from sandloop.runtime.base import MemorySnapshots, RemoteSessions
 
 KINDS = ("memory", "state", "files")
 PAUSED = "paused"
+#: In a paused session's state: paused by ``sessions/idle.py`` for want of use (its next call
+#: resumes it; its idle TTL goes on counting).
+IDLE_MARK = "idle"
 #: In the workspace for the moment a ``state`` save or load crosses the sandbox's boundary.
 STATE_FILE = ".sandloop-state.pkl"
 
@@ -278,6 +281,11 @@ def paused_kind(session_dir: Path) -> str | None:
     return kind if kind in KINDS else None
 
 
+def paused_for_idleness(session_dir: Path) -> bool:
+    """Whether the session's pause is an idle pause (``sessions/idle.py``), not a caller's."""
+    return paused_kind(session_dir) is not None and (session_dir / PAUSED / IDLE_MARK).exists()
+
+
 def describe(record: SnapshotRecord) -> dict[str, Any]:
     """A snapshot as the front ends show it."""
     out = asdict(record)
@@ -292,6 +300,7 @@ def validate_count(count: int) -> int:
 
 
 __all__ = [
+    "IDLE_MARK",
     "KINDS",
     "ClusterSnapshots",
     "LOAD_STATE",
@@ -304,6 +313,7 @@ __all__ = [
     "describe",
     "memory_backend",
     "new_snapshot_id",
+    "paused_for_idleness",
     "paused_kind",
     "place_file",
     "take_file",

@@ -26,7 +26,7 @@ from sandloop.contract import HostDiskFull, SandboxError, SessionDamaged, Sessio
 from sandloop.paths import default_home, write_atomically
 from sandloop.runtime.base import Housekeeping, RemoteSessions, WorkspaceRef, Workspaces
 from sandloop.runtime.labels import SESSION_LABEL, owner_alive
-from sandloop.sessions.snapshots import PAUSED, paused_kind
+from sandloop.sessions.snapshots import PAUSED, paused_for_idleness, paused_kind
 
 WORKSPACE = "/workspace"
 #: The workspace is mounted here too: where code written for E2B's sandboxes keeps its files.
@@ -120,8 +120,8 @@ class SessionStore:
             paused = self.paused(record.id)
         except SandboxError:  # its node is gone: nothing of it is kept, paused or not
             paused = None
-        if paused:
-            return record.last_used + self.paused_retention < now
+        if paused and not (self.remote is None and paused_for_idleness(self._dir(record.id))):
+            return record.last_used + self.paused_retention < now  # an idle pause keeps the TTL
         return record.expires_at < now
 
     def _dir(self, session_id: str) -> Path:
