@@ -24,8 +24,9 @@ def server(tmp_path_factory):
     tokens = TokenStore(tmp_path_factory.mktemp("e2b-pause") / "tokens.sqlite")
     alice, _ = tokens.create("alice", max_concurrent=8, runs_per_minute=1000, max_timeout=600)
     root = Sandloop(Settings(pool_size=0, session_pool_size=0, e2b_runtime="runsc"))
-    with root, serve_in_thread(create_app(tokens, sandloop=root)) as url, e2b_environment(url, alice):
-        yield {"url": url, "alice": alice, "root": root}
+    app = create_app(tokens, sandloop=root)
+    with root, serve_in_thread(app) as url, e2b_environment(url, alice):
+        yield {"url": url, "alice": alice, "root": root, "e2b": app.state.e2b}
 
 
 def test_pause_connect_resumes_with_memory_and_list_says_paused(server):
@@ -92,6 +93,26 @@ def test_auto_pause_at_the_timeout_keeps_the_sandbox(server):
         assert server["root"].sessions.paused(s.sandbox_id) == "memory"
         again = Sandbox.connect(s.sandbox_id, timeout=300)
         assert again.run_code("y").text == "survived the timeout"
+    finally:
+        s.kill()
+
+
+def test_a_timeout_moved_after_the_reaper_looked_keeps_the_sandbox_running(server):
+    """The reaper lists a sandbox past its timeout; a connect (or set_timeout) moves the timeout
+    before the reaper acts: the sandbox goes on running (CI saw the reaper pause a sandbox a
+    connect had just resumed, and the next cell answer SessionPaused)."""
+    service = server["e2b"]
+    s = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"})
+    try:
+        s.run_code("y = 'still running'")
+        box = service.registry.get(s.sandbox_id)
+        with service._lifecycle(s.sandbox_id):  # the reaper's own sweep waits here meanwhile
+            service.registry.set_end(s.sandbox_id, time.time() - 1)
+            assert s.sandbox_id in service.registry.expired()  # what the reaper saw
+            service.set_timeout(box, 300)  # what the connect did since
+        assert service.timed_out(s.sandbox_id) is False
+        assert server["root"].sessions.paused(s.sandbox_id) is None
+        assert s.run_code("y").text == "still running"
     finally:
         s.kill()
 

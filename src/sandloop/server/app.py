@@ -173,7 +173,7 @@ def create_app(
     app.include_router(template_routes(api))
     app.include_router(terminal_routes(api, TerminalTable()))
     e2b = mount_e2b(app, api, preview_domain)  # E2B's SDKs: the control plane here, sandbox traffic split off
-    app.state.preview = Preview(api, e2b, preview_domain)
+    app.state.preview, app.state.e2b = Preview(api, e2b, preview_domain), e2b
     # An E2B sandbox pauses at its own timeout (E2B's lifecycle), never for idleness.
     root.idle.skip(lambda session_id: e2b.registry.get(session_id) is not None)
     return app

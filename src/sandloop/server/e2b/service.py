@@ -184,6 +184,14 @@ class E2B:
         self._killed = threading.Condition(self._lock)  # a kill finished
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
+        # Per sandbox: its timeout's decision (pause or kill) and what moves its timeout (resume,
+        # set_timeout) one at a time, so the reaper cannot pause a sandbox a connect resumed and
+        # extended while the reaper looked at its old timeout.
+        self._lifecycles: dict[str, threading.RLock] = {}
+
+    def _lifecycle(self, sandbox_id: str) -> threading.RLock:
+        with self._lock:
+            return self._lifecycles.setdefault(sandbox_id, threading.RLock())
 
     def domain_for(self, host: str) -> str:
         """The ``domain`` a sandbox's JSON carries for a request that came to ``host``: the preview
@@ -213,6 +221,7 @@ class E2B:
         with self._lock:
             s = self._sessions.pop(sandbox_id, None)
             self._followers.pop(sandbox_id, None)
+            self._lifecycles.pop(sandbox_id, None)
             for wid in [w for w, (sid, _) in self._watchers.items() if sid == sandbox_id]:
                 self._watchers.pop(wid)[1].close()
         if s is not None:
@@ -254,22 +263,28 @@ class E2B:
 
     def timed_out(self, sandbox_id: str) -> bool:
         """At its timeout a sandbox is killed, or paused when it asked to be (E2B's
-        ``lifecycle.on_timeout="pause"``); a paused one waits, as E2B's do. True: it is gone."""
-        if self.paused(sandbox_id):
-            return False
-        on_timeout = self.registry.lifecycle(sandbox_id)[0]
-        if on_timeout in ("pause", "pause-files"):
-            try:
-                kind = self.pause(sandbox_id, keep_memory=on_timeout == "pause")
-                if on_timeout == "pause" and kind == "files":  # its interpreter was not running
-                    log.warning("timed-out sandbox %s paused with its files only: no interpreter ran", sandbox_id)
+        ``lifecycle.on_timeout="pause"``); a paused one waits, as E2B's do. True: it is gone.
+        Its timeout is read again under its lifecycle lock: a connect or ``set_timeout`` since the
+        caller looked has moved it, and the sandbox goes on."""
+        with self._lifecycle(sandbox_id):
+            box = self.registry.get(sandbox_id)
+            if box is not None and box.end_at >= time.time():
                 return False
-            except SessionNotPaused:  # another thread (the reaper, a request) paused it first
+            if self.paused(sandbox_id):
                 return False
-            except Exception:  # noqa: BLE001 - a sandbox that cannot pause ends as any other
-                log.warning("could not pause timed-out sandbox %s: killing it", sandbox_id, exc_info=True)
-        self.kill(sandbox_id)
-        return True
+            on_timeout = self.registry.lifecycle(sandbox_id)[0]
+            if on_timeout in ("pause", "pause-files"):
+                try:
+                    kind = self.pause(sandbox_id, keep_memory=on_timeout == "pause")
+                    if on_timeout == "pause" and kind == "files":  # its interpreter was not running
+                        log.warning("timed-out sandbox %s paused with its files only: no interpreter ran", sandbox_id)
+                    return False
+                except SessionNotPaused:  # another thread (the reaper, a request) paused it first
+                    return False
+                except Exception:  # noqa: BLE001 - a sandbox that cannot pause ends as any other
+                    log.warning("could not pause timed-out sandbox %s: killing it", sandbox_id, exc_info=True)
+            self.kill(sandbox_id)
+            return True
 
     def pause(self, sandbox_id: str, *, keep_memory: bool = True) -> str:
         kind = self.session(sandbox_id).pause(keep_memory=keep_memory)
@@ -281,11 +296,12 @@ class E2B:
 
     def resume(self, sandbox_id: str, timeout: float) -> str:
         """Resume a paused sandbox with a new timeout (E2B's connect and resume)."""
-        kind = self.session(sandbox_id).resume()
-        box = self.registry.get(sandbox_id)
-        if box is not None:
-            self.set_timeout(box, timeout)
-        return kind
+        with self._lifecycle(sandbox_id):
+            kind = self.session(sandbox_id).resume()
+            box = self.registry.get(sandbox_id)
+            if box is not None:
+                self.set_timeout(box, timeout)
+            return kind
 
     def start_reaper(self) -> None:
         """Sweep for timed-out sandboxes every few seconds until ``stop()`` (server shutdown)."""
@@ -382,12 +398,13 @@ class E2B:
         return box, token
 
     def set_timeout(self, box: E2BSandbox, seconds: float) -> None:
-        s = self.session(box.sandbox_id)
-        record = s.record
-        record.ttl_seconds = float(seconds) + TTL_MARGIN
-        record.last_used = time.time()
-        self.api.root.sessions.save(record)
-        self.registry.set_end(box.sandbox_id, time.time() + seconds)
+        with self._lifecycle(box.sandbox_id):
+            s = self.session(box.sandbox_id)
+            record = s.record
+            record.ttl_seconds = float(seconds) + TTL_MARGIN
+            record.last_used = time.time()
+            self.api.root.sessions.save(record)
+            self.registry.set_end(box.sandbox_id, time.time() + seconds)
 
     # -- signed file URLs (the SDK's download_url / upload_url, envd's validateSigning) ----------
     def signed(self, sandbox_id: str | None, operation: str, query: dict[str, str]) -> str:
