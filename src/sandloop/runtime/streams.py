@@ -10,12 +10,24 @@ from __future__ import annotations
 import base64
 import collections
 import json
+import math
+import select
 from collections.abc import Callable
 from typing import Any
 
 #: The launcher's end line: END_MARKER + nonce + b":" + status [+ b":" + payload] + b"\n".
 END_MARKER = b"\0\x1esandloop-exit:"
 STDOUT, STDERR = 1, 2
+
+
+def readable(fds: list[int], timeout: float | None) -> list[int]:
+    """Which of ``fds`` can be read within ``timeout`` seconds (None: wait). ``poll``, not
+    ``select``: a server holding hundreds of sessions has descriptors past select's 1024."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    wait = None if timeout is None else max(0, math.ceil(timeout * 1000))
+    return [fd for fd, _ in poller.poll(wait)]
 
 
 class CappedStream:

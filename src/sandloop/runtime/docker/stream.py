@@ -4,11 +4,11 @@ the launcher's byte stream that is Docker's own (``runtime/protocol.py`` knows t
 from __future__ import annotations
 
 import contextlib
-import select
 import socket
 from typing import Any
 
 from sandloop.contract import EngineUnavailable
+from sandloop.runtime.streams import readable
 
 
 class FrameDemux:
@@ -68,7 +68,7 @@ class SocketChannel:
         if self.pending:
             chunks, self.pending = self.pending, []
             return chunks
-        ready, _, _ = select.select([self.sock], [], [], timeout)
+        ready = readable([self.sock.fileno()], timeout)
         if not ready:
             return []
         try:
@@ -90,7 +90,7 @@ class SocketChannel:
         kept = sum(len(chunk) for _, chunk in self.pending)
         while kept <= limit:
             try:
-                ready, _, _ = select.select([self.sock], [], [], 0)
+                ready = readable([self.sock.fileno()], 0)
                 if not ready:
                     return True
                 data = self.sock.recv(256 * 1024)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
+
+from sandloop.runtime.streams import readable
 
 
 class PipeChannel:
@@ -17,7 +18,7 @@ class PipeChannel:
         self.pending: list[tuple[int, bytes]] = []
 
     def _read_ready(self, timeout: float) -> list[tuple[int, bytes]]:
-        ready, _, _ = select.select(list(self._fds), [], [], timeout)
+        ready = readable(list(self._fds), timeout)
         out: list[tuple[int, bytes]] = []
         for fd in ready:
             try:
