@@ -75,16 +75,19 @@ lint:
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/mypy
 
-# Side-by-side benchmarks (peers installed into their own venv, never into the main one).
+# Side-by-side benchmarks (peers installed into their own venv, never into the main one): first
+# this checkout beside the previous release (bench/previous-release, in .bench/previous/) and the floor.
 bench: setup-dev
 	test -x .bench/venv/bin/python || python3 -m venv .bench/venv
 	.bench/venv/bin/pip install --quiet -e . epicbox llm-sandbox "urllib3<2" trustme
+	.bench/venv/bin/python bench/release.py
 	.bench/venv/bin/python bench/bench.py $(BENCH_ARGS)
 	.bench/venv/bin/python bench/egress.py
 	.bench/venv/bin/pip install --quiet "e2b-code-interpreter>=2.9,<3"
 	.bench/venv/bin/python bench/e2b_compat.py
 	.bench/venv/bin/python bench/notebook.py
 	$(VENV)/bin/python bench/reach.py
+	$(VENV)/bin/python bench/idle.py
 	.bench/venv/bin/pip install --quiet -e ".[ray]" psutil
 	.bench/venv/bin/python bench/ray_scale.py
 

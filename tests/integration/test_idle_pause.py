@@ -8,6 +8,9 @@ the suite reaches."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -55,6 +58,15 @@ def test_an_idle_session_is_paused_to_disk_and_its_next_cell_resumes_it():
         assert idle.paused == "state" and idle.paused_for_idleness
         assert idle.interpreter_id() is None  # its memory is given back: no interpreter runs
         assert used.paused is None and used.interpreter_id() is not None
+        listed = subprocess.run(
+            [sys.executable, "-m", "sandloop", "session", "ls"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "COLUMNS": "300"},
+        ).stdout
+        row = next(line for line in listed.splitlines() if idle.id in line)
+        assert "paused (state, idle: resumes on use)" in row, listed  # the CLI says a call resumes it
         # the next cell resumes it, with its state, and it is no longer paused
         assert idle.run_cell("print(int(df.a.sum()), n, pd.__name__)").stdout.split() == ["3", "5", "pandas"]
         assert idle.paused is None and idle.read_file("w.txt") == b"kept"
@@ -177,7 +189,9 @@ def test_over_the_http_api_an_idle_session_answers_its_next_cell_and_an_e2b_sand
             paused = root.idle.sweep()
             assert paused.get(sid) == "state" and box not in paused
             assert root.sessions.paused(box) is None
-            assert api.get(f"/v1/sessions/{sid}").json()["paused"] == "state"
+            shown = api.get(f"/v1/sessions/{sid}").json()
+            assert shown["paused"] == "state" and shown["idle_paused"] is True
+            assert [s["idle_paused"] for s in api.get("/v1/sessions").json() if s["id"] == sid] == [True]
             r = api.post(f"/v1/sessions/{sid}/cells", json={"code": "print(v)"})
             assert r.status_code == 200 and r.json()["stdout"] == "11\n", r.text
             assert api.get(f"/v1/sessions/{sid}").json()["paused"] is None

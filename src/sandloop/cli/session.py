@@ -95,6 +95,7 @@ def session_ls() -> None:
     store = default_root().sessions
     for r in Session.list():
         paused = store.paused(r.id)
+        idle = bool(paused) and store.idle_paused(r.id)
         expires = datetime.datetime.fromtimestamp(r.expires_at).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(
             r.id,
@@ -102,8 +103,8 @@ def session_ls() -> None:
             str(r.quota_enforced),
             r.limits.get("runtime", "runc"),
             f"{now - r.last_used:.0f}s",
-            "-" if paused else expires,  # a paused session's idle clock stops
-            f"paused ({paused})" if paused else "running",
+            "-" if paused and not idle else expires,  # a caller's pause stops the idle clock
+            f"paused ({paused}, idle: resumes on use)" if idle else f"paused ({paused})" if paused else "running",
         )
     out.print(table)
 

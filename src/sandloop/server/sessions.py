@@ -13,9 +13,11 @@ from sandloop.server.models import CellIn, ContextIn, SessionIn, SessionRunIn, s
 from sandloop.server.quota import check_session_room
 
 
-def session_json(record: Any, paused: str | None = None) -> dict[str, Any]:
+def session_json(record: Any, paused: str | None = None, idle_paused: bool = False) -> dict[str, Any]:
+    """``idle_paused``: paused for want of use (its next call resumes it), not by a caller."""
     return {
         "paused": paused,
+        "idle_paused": bool(paused) and idle_paused,
         "id": record.id,
         "created": record.created,
         "last_used": record.last_used,
@@ -51,12 +53,15 @@ def session_routes(api: Api) -> APIRouter:
 
     @router.get("/v1/sessions")
     def list_sessions(token: Auth) -> list[dict[str, Any]]:
-        return [session_json(r, root.sessions.paused(r.id)) for r in live_sessions(token)]
+        return [
+            session_json(r, paused := root.sessions.paused(r.id), bool(paused) and root.sessions.idle_paused(r.id))
+            for r in live_sessions(token)
+        ]
 
     @router.get("/v1/sessions/{session_id}")
     def get_session(session_id: str, token: Auth) -> dict[str, Any]:
         with owned(token, session_id) as s:
-            return session_json(s.record, s.paused)
+            return session_json(s.record, s.paused, s.paused_for_idleness)
 
     @router.delete("/v1/sessions/{session_id}", status_code=204)
     def delete_session(session_id: str, token: Auth) -> Response:

@@ -34,7 +34,6 @@ from sandloop.sessions.snapshots import (
     copy_files,
     memory_backend,
     new_snapshot_id,
-    paused_for_idleness,
     place_file,
     take_file,
 )
@@ -119,7 +118,7 @@ class SessionSnapshots(SessionParts):
     @property
     def paused_for_idleness(self) -> bool:
         """Paused by the idle pause (not by a caller): the next call resumes it."""
-        return self._store.remote is None and paused_for_idleness(self._home)
+        return self._store.idle_paused(self.id)
 
     def resume(self) -> str:
         """Start the paused session again as it was (same id); the kind it was kept as.

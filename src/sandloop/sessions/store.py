@@ -106,6 +106,11 @@ class SessionStore:
             return self.remote.session_paused(session_id)
         return paused_kind(self._dir(session_id))
 
+    def idle_paused(self, session_id: str) -> bool:
+        """Whether the session is paused for want of use (``sessions/idle.py``): its next call
+        resumes it, and its idle TTL goes on counting."""
+        return self.remote is None and paused_for_idleness(self._dir(session_id))
+
     def stopped_here(self, session_id: str) -> bool:
         """Whether the session is paused on this host, or a pause of it was cut short here (its
         next pause, resume or attach settles which)."""
@@ -120,7 +125,7 @@ class SessionStore:
             paused = self.paused(record.id)
         except SandboxError:  # its node is gone: nothing of it is kept, paused or not
             paused = None
-        if paused and not (self.remote is None and paused_for_idleness(self._dir(record.id))):
+        if paused and not self.idle_paused(record.id):
             return record.last_used + self.paused_retention < now  # an idle pause keeps the TTL
         return record.expires_at < now
 
