@@ -54,7 +54,12 @@ def test_an_idle_session_is_paused_to_disk_and_its_next_cell_resumes_it():
         used.run_cell("m = 7")
         age(idle)
         pauser = pauser_of(idle, used)
+        held = idle._kernel._sandbox  # this object's stream to its interpreter
+        assert held is not None
         assert pauser.sweep() == {idle.id: "state"}  # runc keeps the picklable state; `used` was used just now
+        # the pauser paused it through a Session of its own: this one lets its dead stream go (a
+        # process holding ~700 idle-paused sessions ran out of select()'s 1024 descriptors)
+        assert idle._kernel._sandbox is None and held.channel.sock.fileno() == -1
         assert idle.paused == "state" and idle.paused_for_idleness
         assert idle.interpreter_id() is None  # its memory is given back: no interpreter runs
         assert used.paused is None and used.interpreter_id() is not None

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,11 @@ from sandloop.sessions.store import HOME_DIR, WORKSPACE, SessionRecord
 
 #: Seconds an interrupted cell has to return before its interpreter is replaced.
 INTERRUPT_GRACE_SECONDS = 3.0
+
+#: This process's kernels, by session (several ``Session`` objects may hold one session): a pause
+#: through one lets the others' streams go (``others_let_go``).
+_KERNELS: dict[str, weakref.WeakSet[Kernel]] = {}
+_KERNELS_LOCK = threading.Lock()
 
 
 def kernel_command(preload: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -62,6 +68,9 @@ class Kernel:
         self.lifetime = lifetime
         self._sandbox: Sandbox | None = None
         self._held = threading.local()
+        with _KERNELS_LOCK:
+            _KERNELS.setdefault(session_id, weakref.WeakSet()).add(self)
+        weakref.finalize(self, _unregister, session_id)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -111,6 +120,17 @@ class Kernel:
         self._drop(remove=False)
         self._sandbox = self.backend.find_kernel(self.session_id, self.spec)
         return self._sandbox
+
+    def others_let_go(self) -> None:
+        """The interpreter ended (paused through this kernel): every other handle on it in this
+        process lets go of its stream, which would hold a dead connection (a file descriptor
+        each: ~700 idle-paused sessions held by one process went past select's 1024) until its
+        next use. Called under the session's lock, so none of them is in a cell."""
+        with _KERNELS_LOCK:
+            kernels = _KERNELS.get(self.session_id)
+            others = [k for k in kernels if k is not self] if kernels is not None else []
+        for kernel in others:
+            kernel._drop(remove=False)
 
     def forget(self) -> None:
         """The interpreter is gone (checkpointed): let go of its handle without removing anything."""
@@ -195,6 +215,14 @@ class Kernel:
 
     def shutdown(self) -> None:
         self._drop(remove=True)
+
+
+def _unregister(session_id: str) -> None:
+    """A kernel of ``session_id`` was collected: its entry goes once none of them is left."""
+    with _KERNELS_LOCK:
+        kernels = _KERNELS.get(session_id)
+        if kernels is not None and not list(kernels):
+            del _KERNELS[session_id]
 
 
 def lock_file(directory: Path) -> Path:

@@ -97,6 +97,7 @@ class SessionSnapshots(SessionParts):
             except BaseException:
                 shutil.rmtree(staged, ignore_errors=True)
                 raise
+            self._kernel.others_let_go()  # this process's other handles on it hold a dead stream
             self._dispatcher.drop_pools(lambda spec: (SESSION_LABEL, self.id) in spec.labels)
             return kind
 
