@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -81,6 +82,32 @@ def test_a_terminal_runs_resizes_takes_input_and_exits(reach):
     assert b"size=100x30" in read_until(term, b"size=100x30")
     term.send(b"exit 3\n")
     assert term.wait(20) == 3
+
+
+UNDOES_A_RESIZE = """
+import fcntl, struct, termios, time
+def size():
+    return struct.unpack("HHHH", fcntl.ioctl(0, termios.TIOCGWINSZ, bytes(8)))[:2]
+print("ready", flush=True)
+while size() == (24, 80):
+    time.sleep(0.01)
+# what bash's readline does at each prompt (set_winsize: read the size, set it back): with the
+# host's resize between its two calls, the size it read before
+fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+while size() != (30, 100):
+    time.sleep(0.01)
+print("kept-%d-%d" % size()[::-1], flush=True)
+"""
+
+
+def test_a_resize_undone_inside_is_put_back(reach):
+    """The host's size is the terminal's: a stale size set back inside (readline's race, wide
+    under gVisor) does not stay (the agent's SETTLE). Without it this program waits forever."""
+    term = reach.terminal(cols=80, rows=24, cmd=[sys.executable, "-c", UNDOES_A_RESIZE], cwd="/")
+    read_until(term, b"ready")
+    term.resize(100, 30)
+    assert b"kept-100-30" in read_until(term, b"kept-100-30")
+    assert term.wait(20) == 0
 
 
 def test_a_terminal_is_killed_by_a_signal(reach):
