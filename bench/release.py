@@ -8,10 +8,11 @@ The previous release is the commit named in ``bench/previous-release`` (the last
 ``--previous`` names another), exported with ``git archive`` and installed into its own venv
 (``.bench/previous/``); its runtime image is built by its own ``sandloop images build`` (nothing
 if its recipe is this one's). The floor is Debian's ``python3 -c`` on the host. Measured per
-side: a cold ``print(1)`` (no pool: a sandbox started for it) and the CPU it costs (user+sys of
-every process the worker waited for, its teardown drained, less the floor's; and the worker's
-own, the start path in Python); a pooled ``print(1)``; 40 pooled runs on
-4 threads; a new session's first cell and the cell after it. Prints a Markdown table.
+side: a cold ``print(1)`` (no pool: a sandbox started for it) and the CPU it costs (its
+sandbox's, read from the direct sandboxes' parent cpuacct cgroup once its teardown is drained,
+less that of the image's own ``python3 -c`` run bare in its root file system; and the worker's
+own, the start path in Python, timed once the image's page-cache prefetch is done); a pooled
+``print(1)``; 40 pooled runs on 4 threads; a new session's first cell and the cell after it. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ def previous_ref(given: str | None) -> str:
         text=True,
         check=True,
     ).stdout.strip()
+
+
+def image_rootfs() -> str:
+    """This checkout's runtime image as the direct backend's store holds it (exported if not yet)."""
+    from sandloop import Sandloop
+    from sandloop.recipe_hash import default_runtime_image
+    from sandloop.settings import Settings
+
+    with Sandloop(Settings(pool_size=0, session_pool_size=0)) as root:
+        return str(root.backend.store.rootfs(root.settings.image or default_runtime_image()))
 
 
 def install_previous(commit: str) -> Path:
@@ -113,7 +124,7 @@ def main() -> None:
     previous_python = install_previous(commit)
     now = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     sides = [
-        Side("floor", ["/usr/bin/python3", str(WORKER), "floor"]),
+        Side("floor", ["/usr/bin/python3", str(WORKER), "floor", image_rootfs()]),
         Side(f"this ({now.stdout.strip()})", [sys.executable, str(WORKER), "sandloop"]),
         Side(f"previous ({commit[:7]})", [str(previous_python), str(WORKER), "sandloop"]),
     ]
@@ -126,7 +137,7 @@ def main() -> None:
     finally:
         for side in sides:
             side.close()
-    floor_cold, floor_cpu = p50(cold[floor]), p50(cold[floor], "cpu_ms")
+    floor_cold, bare_cpu = p50(cold[floor]), p50(cold[floor], "bare_image_cpu_ms")
     floor_rate = 40 / (p50(burst[floor]) / 1000)
 
     def row(label: str, value: Callable[[str], str]) -> str:
@@ -137,9 +148,10 @@ def main() -> None:
         "|---|---:|---:|---:|",
         row("cold `print(1)` p50 ms", lambda n: f"{p50(cold[n]):.1f}"),
         row("cold ÷ the floor's", lambda n: f"{p50(cold[n]) / floor_cold:.2f}"),
+        row("CPU per cold run ms: the floor's process, a sandbox's", lambda n: f"{p50(cold[n], 'cpu_ms'):.1f}"),
         row(
-            "start CPU per cold run ms: the sandbox's processes, less the floor's",
-            lambda n: f"{p50(cold[n], 'cpu_ms') - floor_cpu:.1f}",
+            "start CPU per cold run ms: a sandbox's processes less the image's python3 run bare",
+            lambda n: "" if n == floor else f"{p50(cold[n], 'cpu_ms') - bare_cpu:.1f}",
         ),
         row("... and the caller's own (Python) CPU per cold run ms", lambda n: f"{p50(cold[n], 'own_cpu_ms'):.1f}"),
         row("pooled `print(1)` p50 ms", lambda n: f"{p50(warm[n]):.1f}"),
