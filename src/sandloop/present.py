@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from sandloop.contract import ExecutionResult
+from sandloop.contract import ExecutionResult, HttpAnswer
 from sandloop.notes import sandbox_notes
 
 
@@ -54,3 +54,17 @@ def format_execution(result: ExecutionResult, stream_chars: int = MODEL_STREAM_C
     if reached:
         parts.append("egress (allowed): " + ", ".join(reached))
     return "\n".join(parts)
+
+
+def present_http(answer: HttpAnswer, body_chars: int = MODEL_STREAM_CHARS) -> str:
+    """What the model reads of a server's answer: the status line, the headers, the body as text
+    (cut at ``body_chars``, and said so)."""
+    lines = [f"HTTP {answer.status} {answer.reason}".rstrip()]
+    lines += [f"{name}: {value}" for name, value in answer.headers.items()]
+    text = answer.text
+    shown = text[:body_chars]
+    lines.append("")
+    lines.append(shown if shown else "(empty body)")
+    if len(text) > body_chars or answer.truncated:
+        lines.append(f"... [the body goes on past the first {len(shown)} characters]")
+    return "\n".join(lines)

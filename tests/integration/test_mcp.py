@@ -57,6 +57,17 @@ def test_mcp_over_stdio():
                 assert "value: 42" in _text(js)
                 escape = await client.call_tool("session_read_file", {"session_id": sid, "path": "../../etc/passwd"})
                 assert escape.is_error and "workspace" in _text(escape)
+                serve = (
+                    "import socket, subprocess, time\n"
+                    "server = subprocess.Popen(['python3', '-m', 'http.server', '8000'], stderr=subprocess.DEVNULL)\n"
+                    "while socket.socket().connect_ex(('127.0.0.1', 8000)):\n    time.sleep(0.05)"
+                )
+                await client.call_tool("session_cell", {"session_id": sid, "code": serve})
+                page = await client.call_tool("session_http", {"session_id": sid, "port": 8000, "path": "/d.txt"})
+                assert not page.is_error and _text(page).startswith("HTTP 200 OK") and _text(page).endswith("\n3,4")
+                closed = await client.call_tool("session_http", {"session_id": sid, "port": 8999})
+                assert closed.is_error and "nothing listens on port 8999" in _text(closed), _text(closed)
+                await client.call_tool("session_cell", {"session_id": sid, "code": "server.kill()"})
                 await client.call_tool("session_cell", {"session_id": sid, "code": "kept = 41"})
                 paused = await client.call_tool("session_pause", {"session_id": sid})
                 assert "kept its state" in _text(paused), _text(paused)  # runc: the picklable variables

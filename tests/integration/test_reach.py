@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from sandloop import SandboxLimits, Session
+from sandloop import InvalidArgument, SandboxLimits, Session
 from sandloop.runtime.reach.mux import PortClosed
 from sandloop.server.app import create_app
 from sandloop.server.tokens import TokenStore
@@ -108,6 +108,15 @@ def test_expose_and_a_terminal_in_a_session(runtime):
             assert (r.status_code, r.text) == (200, "from the sandbox\n")
         with pytest.raises(PortClosed, match="nothing listens on port 8999"):
             s.connect(8999)
+        # one request, read whole (what an agent checks its server with): capped, bounded, refused
+        answer = s.request(8000, "/hello.txt")
+        assert (answer.status, answer.text, answer.truncated) == (200, "from the sandbox\n", False)
+        assert answer.headers["content-length"] == "17"
+        assert s.request(8000, "/hello.txt", max_bytes=4).body == b"from" and s.request(8000, "/x").status == 404
+        with pytest.raises(PortClosed, match="nothing listens on port 8999"):
+            s.request(8999)
+        with pytest.raises(InvalidArgument, match="path must start with /"):
+            s.request(8000, "hello.txt")
 
         term = s.terminal(cols=80, rows=24, envs={"ABC": "123"})
         term.send(b"echo $ABC-$(tput cols)-$(id -u)\n")

@@ -83,3 +83,15 @@ def test_an_artifacts_repr_names_it_instead_of_dumping_its_bytes():
 
     art = Artifact(name="figure-1.png", mime_type="image/png", data=b"\x89PNG" + b"\0" * 50_000)
     assert repr(art) == "Artifact(name='figure-1.png', mime_type='image/png', 50,004 bytes)" == str(art)
+
+
+def test_an_http_answer_as_the_model_reads_it():
+    from sandloop.contract import HttpAnswer
+    from sandloop.present import present_http
+
+    answer = HttpAnswer(status=404, reason="Not Found", headers={"content-type": "text/html"}, body=b"<p>gone</p>")
+    assert present_http(answer) == "HTTP 404 Not Found\ncontent-type: text/html\n\n<p>gone</p>"
+    long = HttpAnswer(status=200, reason="OK", body=b"x" * 50, truncated=True)
+    cut = "x" * 10 + "\n... [the body goes on past the first 10 characters]"
+    assert present_http(long, body_chars=10).endswith(cut)
+    assert present_http(HttpAnswer(status=204)).endswith("\n(empty body)")

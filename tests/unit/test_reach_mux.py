@@ -4,18 +4,21 @@ as a sandbox would see them, without a sandbox (the sandboxes' own: tests/integr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
 from sandloop.runtime.oci.kernels import ProcessStream
 from sandloop.runtime.reach import mux
 from sandloop.runtime.reach.mux import PortClosed, Reach, ReachError
+from sandloop.runtime.reach.request import http_request
 from tests.helpers import read_until
 
 
@@ -271,3 +274,58 @@ def test_a_closed_terminals_process_is_hung_up_and_reaped(reach):
         time.sleep(0.05)  # gone: not even a zombie of the agent's
     assert not os.path.exists(f"/proc/{pid}")
     assert reach.terminal(cmd=["/bin/echo", "next"], cwd="/").wait(20) == 0
+
+
+def _one_shot_server(answer: Callable[[socket.socket], None]) -> int:
+    """A server on the host's loopback that reads a request head, then ``answer``s on the socket."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head and (chunk := conn.recv(65536)):
+                    head += chunk
+                with contextlib.suppress(OSError):
+                    answer(conn)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1]
+
+
+def test_a_request_reads_a_whole_answer_and_caps_a_hostile_one(reach):
+    """``runtime/reach/request.py`` over the agent: an answer read whole; a body past the cap not
+    read; a server that never answers, one whose header never ends and one that is not HTTP each
+    end the request with the reason, within its deadline, the channel closed."""
+    page = _one_shot_server(
+        lambda c: c.sendall(b"HTTP/1.1 200 OK\r\nX-A: 1\r\nX-A: 2\r\nContent-Length: 5\r\n\r\nhello")
+    )
+    answer = http_request(reach.connect(page), page, "GET", "/", b"", {}, 20)
+    assert (answer.status, answer.headers["x-a"], answer.body, answer.truncated) == (200, "1, 2", b"hello", False)
+
+    flood = _one_shot_server(
+        lambda c: (c.sendall(b"HTTP/1.1 200 OK\r\n\r\n"), [c.sendall(b"x" * 65536) for _ in range(64)])
+    )
+    answer = http_request(reach.connect(flood), flood, "GET", "/", b"", {}, 20, max_bytes=1000)
+    assert (len(answer.body), answer.truncated) == (1000, True)
+
+    silent = _one_shot_server(lambda c: time.sleep(30))
+    started = time.monotonic()
+    with pytest.raises(ReachError, match="no whole answer within 1 s"):
+        http_request(reach.connect(silent), silent, "GET", "/", b"", {}, 1)
+    assert time.monotonic() - started < 15
+
+    endless = _one_shot_server(lambda c: c.sendall(b"HTTP/1.1 200 OK\r\nX-Long: " + b"y" * 200_000))
+    with pytest.raises(ReachError, match="did not answer in HTTP"):
+        http_request(reach.connect(endless), endless, "GET", "/", b"", {}, 20)
+
+    garbage = _one_shot_server(lambda c: c.sendall(b"SSH-2.0-nope\r\n"))
+    with pytest.raises(ReachError, match="did not answer in HTTP"):
+        http_request(reach.connect(garbage), garbage, "GET", "/", b"", {}, 20)
+    deadline = time.monotonic() + 20
+    while reach.open_count() and time.monotonic() < deadline:  # each channel closed (the forget is sent)
+        time.sleep(0.05)
+    assert reach.open_count() == 0

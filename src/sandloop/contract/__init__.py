@@ -36,6 +36,7 @@ from sandloop.contract.result import (
     CellResult,
     CodeContext,
     ExecutionResult,
+    HttpAnswer,
     Output,
 )
 
@@ -63,6 +64,7 @@ __all__ = [
     "WorkspaceFull",
     "EngineUnavailable",
     "ExecutionResult",
+    "HttpAnswer",
     "Output",
     "ImageMissing",
     "InvalidArgument",

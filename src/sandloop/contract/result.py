@@ -146,3 +146,21 @@ class CellResult(ExecutionResult):
     #: The interpreter's own answer to an operation on contexts (``Session.create_context`` and
     #: the like), and ``refused`` for a cell it would not run; not part of the API's answers.
     reply: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
+
+
+class HttpAnswer(BaseModel):
+    """A server's answer to ``Session.request`` (a server the session's code started): ``headers``
+    by lowercased name (repeated ones joined with ", "), ``body`` at most the bytes asked for
+    (``truncated``: there was more)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: int
+    reason: str = ""
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: bytes = b""
+    truncated: bool = False
+
+    @property
+    def text(self) -> str:
+        return self.body.decode(errors="replace")

@@ -28,7 +28,7 @@ from mcp_types import CallToolResult, ImageContent, TextContent
 from sandloop import languages
 from sandloop.contract import SandboxError, SandboxLimits, SessionNotFound, parse_size
 from sandloop.contract.egress import Secret, covers
-from sandloop.present import format_execution
+from sandloop.present import format_execution, present_http
 from sandloop.server.quota import QuotaError, RateWindow, check_session_room
 from sandloop.server.tokens import Token, TokenStore
 
@@ -201,6 +201,26 @@ def create_mcp_server(
                         content.append(TextContent(type="text", text=f"[{mime}]\n{body[:OUTPUT_TEXT_CHARS]}"))
                         break
         return CallToolResult(content=content, is_error=not result.ok)
+
+    @server.tool(
+        description="Send an HTTP request to a server the session's code started on port (1-65535) inside its "
+        "sandbox, e.g. in session_cell: subprocess.Popen(['python3', '-m', 'http.server', '8000']). It is "
+        "reached on the sandbox's own loopback: the sandbox still has no network. Returns the status line, the "
+        f"headers and the body (its first {OUTPUT_TEXT_CHARS} characters). path starts with /."
+    )
+    @_guarded
+    def session_http(
+        ctx: Context,
+        session_id: str,
+        port: int,
+        path: str = "/",
+        method: str = "GET",
+        body: str = "",
+        timeout_seconds: float = 30,
+    ) -> CallToolResult:
+        with metered(ctx) as token, attach(token, session_id) as s:
+            answer = s.request(port, path, method=method, body=body.encode(), timeout=timeout_seconds)
+        return _text(present_http(answer, OUTPUT_TEXT_CHARS))
 
     @server.tool(description="Write a text file into the session's /workspace (path relative to it).")
     @_guarded

@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import socket
 import threading
 from typing import Any
 
-from sandloop.contract import SandboxError
+from sandloop.contract import HttpAnswer, InvalidArgument, SandboxError
 from sandloop.runtime.base import Reachable
 from sandloop.runtime.reach.mux import AGENT_ARGV, Channel, Reach, ReachError, Terminal
+from sandloop.runtime.reach.request import MAX_ANSWER_BYTES, http_request
 from sandloop.sessions.session_parts import SessionParts
 
 log = logging.getLogger(__name__)
+_METHOD = re.compile(r"^[A-Z]{1,16}$")
 _reaches: dict[str, Reach] = {}
 _reaches_lock = threading.Lock()
 
@@ -80,6 +83,35 @@ class SessionReach(SessionParts):
             ReachError: too many connections and terminals open at once, or the sandbox went.
         """
         return self._reach().connect(port)
+
+    def request(
+        self,
+        port: int,
+        path: str = "/",
+        *,
+        method: str = "GET",
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+        max_bytes: int = MAX_ANSWER_BYTES,
+    ) -> HttpAnswer:
+        """One HTTP request to a server on ``port`` inside the sandbox (over ``connect``: nothing
+        is opened for the sandbox), its answer read whole up to ``max_bytes`` of body, within
+        ``timeout`` seconds in all. What an agent uses to check the server its code started.
+
+        Raises:
+            PortClosed: nothing listens on that port in the sandbox.
+            ReachError: no HTTP answer within ``timeout`` (or not HTTP at all).
+            InvalidArgument: a method that is not an HTTP token, a path that is not ``/...``.
+        """
+        method = str(method).upper()
+        if not _METHOD.match(method):
+            raise InvalidArgument(f"method must be an HTTP method such as GET or POST, got {method!r}")
+        if not isinstance(path, str) or not path.startswith("/") or any(c in path for c in " \r\n\t"):
+            raise InvalidArgument(f"path must start with / and hold no spaces or line breaks, got {path!r}")
+        if not 0 < float(timeout) <= 3600:
+            raise InvalidArgument(f"timeout must be more than 0 and at most 3600 seconds, got {timeout}")
+        return http_request(self.connect(port), port, method, path, body, headers or {}, float(timeout), max_bytes)
 
     def terminal(
         self,
