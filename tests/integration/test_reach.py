@@ -117,6 +117,8 @@ def test_expose_and_a_terminal_in_a_session(runtime):
             s.request(8999)
         with pytest.raises(InvalidArgument, match="path must start with /"):
             s.request(8000, "hello.txt")
+        with pytest.raises(InvalidArgument, match="a value has no line breaks"):
+            s.request(8000, headers={"X-A": "1\r\nX-Smuggled: 2"})
 
         term = s.terminal(cols=80, rows=24, envs={"ABC": "123"})
         term.send(b"echo $ABC-$(tput cols)-$(id -u)\n")

@@ -218,8 +218,11 @@ def create_mcp_server(
         body: str = "",
         timeout_seconds: float = 30,
     ) -> CallToolResult:
-        with metered(ctx) as token, attach(token, session_id) as s:
-            answer = s.request(port, path, method=method, body=body.encode(), timeout=timeout_seconds)
+        with metered(ctx) as token:
+            if token is not None and timeout_seconds > token.max_timeout:
+                raise QuotaError(403, "over_token_limit", f"this token may ask for at most {token.max_timeout:g} s")
+            with attach(token, session_id) as s:
+                answer = s.request(port, path, method=method, body=body.encode(), timeout=timeout_seconds)
         return _text(present_http(answer, OUTPUT_TEXT_CHARS))
 
     @server.tool(description="Write a text file into the session's /workspace (path relative to it).")

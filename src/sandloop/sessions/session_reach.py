@@ -32,6 +32,9 @@ from sandloop.sessions.session_parts import SessionParts
 
 log = logging.getLogger(__name__)
 _METHOD = re.compile(r"^[A-Z]{1,16}$")
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+#: The most ``max_bytes`` may ask for (an answer is held whole in this process).
+MAX_ANSWER_LIMIT = 64 * 1024 * 1024
 _reaches: dict[str, Reach] = {}
 _reaches_lock = threading.Lock()
 
@@ -111,6 +114,11 @@ class SessionReach(SessionParts):
             raise InvalidArgument(f"path must start with / and hold no spaces or line breaks, got {path!r}")
         if not 0 < float(timeout) <= 3600:
             raise InvalidArgument(f"timeout must be more than 0 and at most 3600 seconds, got {timeout}")
+        if not isinstance(max_bytes, int) or not 0 <= max_bytes <= MAX_ANSWER_LIMIT:
+            raise InvalidArgument(f"max_bytes must be a whole number 0-{MAX_ANSWER_LIMIT}, got {max_bytes!r}")
+        for name, value in (headers or {}).items():
+            if not _HEADER_NAME.match(str(name)) or any(c in str(value) for c in "\r\n\0"):
+                raise InvalidArgument(f"header {name!r}: a name is letters, digits and -, a value has no line breaks")
         return http_request(self.connect(port), port, method, path, body, headers or {}, float(timeout), max_bytes)
 
     def terminal(

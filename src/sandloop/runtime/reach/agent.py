@@ -231,11 +231,12 @@ class Terminal(Channel):
         self.give(b"\x04")
 
     def resize(self, cols, rows):
+        now = time.monotonic()
         self.size = (int(cols), int(rows))
-        self.kept_until = time.monotonic() + SETTLE
-        self.keep_size()
+        self.kept_until = now + SETTLE
+        self.keep_size(now)
 
-    def keep_size(self, now=0.0):
+    def keep_size(self, now):
         """The terminal at the host's size (for SETTLE seconds after a resize, see there); its
         programs told with SIGWINCH whenever it changes. gVisor (runsc 20221219) sends none on a
         new size, so a full-screen program never redrew; on Linux the kernel's and this one
