@@ -251,3 +251,56 @@ def test_session_shell_of_a_session_that_is_not_there_says_so():
     r = sandloop("session", "shell", "s-nosuchsession")
     assert r.returncode != 0 and b"s-nosuchsession" in r.stderr, r.stderr
     assert b"Traceback" not in r.stderr
+
+
+SERVE_INDEX = """
+import socket, subprocess, time
+open('index.html', 'w').write('hi from inside')
+server = subprocess.Popen(['python3', '-m', 'http.server', '8000'], stderr=subprocess.DEVNULL)
+while socket.socket().connect_ex(('127.0.0.1', 8000)):
+    time.sleep(0.05)
+"""
+
+
+@contextlib.contextmanager
+def _exposed(sid: str, port: str):
+    """``sandloop session expose SID PORT`` running: (its process, the URL it printed)."""
+    argv = [sys.executable, "-m", "sandloop", "session", "expose", sid, port]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready, "expose printed no URL"
+        yield proc, proc.stdout.readline().decode().strip()  # the URL alone on stdout, for scripts
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_session_expose_serves_a_port_inside_here_until_interrupted():
+    import signal
+
+    import httpx
+
+    sid = sandloop("session", "create", "--ttl", "300", "--quota", "16m").stdout.decode().strip()
+    try:
+        assert sandloop("session", "cell", sid, "-c", SERVE_INDEX).returncode == 0
+        with _exposed(sid, "8000") as (proc, url):
+            assert url.startswith("http://127.0.0.1:"), url
+            assert httpx.get(f"{url}/index.html", timeout=60).text == "hi from inside"
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(60) == 0, proc.stderr.read()
+            with pytest.raises(httpx.ConnectError):  # stopped: nothing listens here any more
+                httpx.get(url, timeout=10)
+        bad = sandloop("session", "expose", sid, "70000")
+        assert bad.returncode == 2 and b"PORT must be 1-65535" in bad.stderr, bad.stderr
+        with _exposed(sid, "8000") as (proc, url):  # the session deleted under it: each connection says so
+            assert sandloop("session", "rm", sid).returncode == 0
+            answer = httpx.get(url, timeout=60)
+            assert answer.status_code == 502 and f"no session {sid}" in answer.text, answer.text
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(60) == 0 and b"Traceback" not in proc.stderr.read()
+    finally:
+        sandloop("session", "rm", sid)
+    gone = sandloop("session", "expose", sid, "8000")
+    assert gone.returncode != 0 and f"no session {sid}".encode() in gone.stderr and b"Traceback" not in gone.stderr

@@ -4,7 +4,7 @@
     run.py      run, agent, doctor, reap, languages
     session.py  session create|ls|run|cell|cp|rm
     snapshots.py  session pause|resume|fork|snapshot|snapshots|snapshot-rm|from-snapshot
-    shell.py      session shell (an interactive terminal inside)
+    shell.py      session shell (an interactive terminal inside), session expose (a port forward)
     serve.py    serve (HTTP API), mcp
     tokens.py   tokens create|ls|revoke
     images.py   images build|name

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from sandloop.contract import CellResult, SandboxLimits
+from sandloop.contract import CellResult, SandboxLimits, SessionNotFound
 from sandloop.contract.egress import Secret
 from sandloop.runtime.base import Backend, Sandbox, SandboxSpec
 from sandloop.runtime.labels import LABEL_PREFIX, SESSION_LABEL
@@ -83,7 +83,11 @@ class Kernel:
             finally:
                 self._held.depth -= 1
             return
-        with open(self.lock_path, "a+") as f:
+        try:
+            f = open(self.lock_path, "a+")  # noqa: SIM115 - closed below, after the lock is let go
+        except FileNotFoundError:  # its folder went with the session (deleted, or by another process)
+            raise SessionNotFound(f"no session {self.session_id}: it was deleted or expired") from None
+        with f:
             fcntl.flock(f, fcntl.LOCK_EX)
             self._held.depth = 1
             try:

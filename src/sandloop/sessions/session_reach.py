@@ -174,7 +174,9 @@ class Exposed:
         with conn:
             try:
                 channel = self.session.connect(self.port)
-            except (ReachError, SandboxError) as exc:
+            except Exception as exc:  # noqa: BLE001 - every failure is this connection's answer, never a thread's traceback
+                if not isinstance(exc, ReachError | SandboxError):
+                    log.warning("port %s of session %s: %r", self.port, self.session.id, exc)
                 body = f"sandloop: {exc}\n".encode()
                 head = f"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
                 with contextlib.suppress(OSError):
