@@ -33,7 +33,8 @@ def reach(tmp_path):
     assert process.poll() is not None  # the agent ends with its stream
 
 
-def _echo_server() -> tuple[int, threading.Thread]:
+def _serve_once(handle: Callable[[socket.socket], None]) -> tuple[int, threading.Thread]:
+    """A server on the host's loopback for one connection, ``handle``d on its own thread."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
@@ -41,13 +42,20 @@ def _echo_server() -> tuple[int, threading.Thread]:
     def serve() -> None:
         with listener:
             conn, _ = listener.accept()
-            with conn:
-                while data := conn.recv(65536):
-                    conn.sendall(data.upper())
+            with conn, contextlib.suppress(OSError):
+                handle(conn)
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     return listener.getsockname()[1], t
+
+
+def _echo_server() -> tuple[int, threading.Thread]:
+    def upper(conn: socket.socket) -> None:
+        while data := conn.recv(65536):
+            conn.sendall(data.upper())
+
+    return _serve_once(upper)
 
 
 def test_a_port_carries_bytes_both_ways_and_ends(reach):
@@ -277,23 +285,15 @@ def test_a_closed_terminals_process_is_hung_up_and_reaped(reach):
 
 
 def _one_shot_server(answer: Callable[[socket.socket], None]) -> int:
-    """A server on the host's loopback that reads a request head, then ``answer``s on the socket."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
+    """A server that reads a request head, then ``answer``s on the socket."""
 
-    def serve() -> None:
-        with listener:
-            conn, _ = listener.accept()
-            with conn:
-                head = b""
-                while b"\r\n\r\n" not in head and (chunk := conn.recv(65536)):
-                    head += chunk
-                with contextlib.suppress(OSError):
-                    answer(conn)
+    def handle(conn: socket.socket) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head and (chunk := conn.recv(65536)):
+            head += chunk
+        answer(conn)
 
-    threading.Thread(target=serve, daemon=True).start()
-    return listener.getsockname()[1]
+    return _serve_once(handle)[0]
 
 
 def test_a_request_reads_a_whole_answer_and_caps_a_hostile_one(reach):
