@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from sandloop import InvalidArgument, SandboxLimits, Session
-from sandloop.runtime.reach.mux import PortClosed
+from sandloop.runtime.reach.mux import PortClosed, ReachError
 from sandloop.server.app import create_app
 from sandloop.server.tokens import TokenStore
 from tests.helpers import read_until
@@ -108,6 +108,8 @@ def test_expose_and_a_terminal_in_a_session(runtime):
             assert (r.status_code, r.text) == (200, "from the sandbox\n")
         with pytest.raises(PortClosed, match="nothing listens on port 8999"):
             s.connect(8999)
+        with pytest.raises(ReachError, match="port must be 1-65535, got 70000"):
+            s.expose(70000)  # said now, not by each connection later
         # one request, read whole (what an agent checks its server with): capped, bounded, refused
         answer = s.request(8000, "/hello.txt")
         assert (answer.status, answer.text, answer.truncated) == (200, "from the sandbox\n", False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import io
 import json
 import math
 import select
@@ -18,6 +19,28 @@ from typing import Any
 #: The launcher's end line: END_MARKER + nonce + b":" + status [+ b":" + payload] + b"\n".
 END_MARKER = b"\0\x1esandloop-exit:"
 STDOUT, STDERR = 1, 2
+
+
+class ChunkReader(io.RawIOBase):
+    """A file over an iterator of byte chunks: tarfile's stream mode over a build's archive
+    (``docker/builder.py``), ``http.client`` over a reach channel (``reach/request.py``)."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._chunks, self._pending = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            try:
+                self._pending = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
 
 
 def readable(fds: list[int], timeout: float | None) -> list[int]:

@@ -142,6 +142,8 @@ class SessionReach(SessionParts):
         as ``kubectl port-forward`` does: every connection there is a connection to the port inside.
         ``with`` (or ``close()``) stops it. Nothing listening inside yet is fine: each connection
         is tried when it comes."""
+        if not 1 <= int(port) <= 65535:  # as connect says it, but now: connections come later
+            raise ReachError(f"port must be 1-65535, got {port}")
         self._reach()  # the agent is there (and the session live) before anything listens
         return Exposed(self, int(port), host, local_port)
 

@@ -26,6 +26,7 @@ from sandloop.runtime.base import PACKAGES_DIR, BuildLimits, StepFailed
 from sandloop.runtime.docker.errors import engine_errors
 from sandloop.runtime.docker.hardening import seccomp_options
 from sandloop.runtime.labels import LABEL_PREFIX, owner_labels
+from sandloop.runtime.streams import ChunkReader
 
 #: Capabilities a package manager needs as root in its own image layer; nothing that reaches the
 #: host's kernel objects (no sys_admin, net_*, mknod, sys_ptrace, setpcap, audit, kill of others).
@@ -161,7 +162,7 @@ class DockerBuilder:
                     stream, _ = self.api.get_archive(container, path, chunk_size=64 * 1024)
                 except docker.errors.NotFound:
                     return False
-            reader = _ChunkReader(iter(stream))
+            reader = ChunkReader(iter(stream))
             with tarfile.open(fileobj=reader, mode="r|") as tar:
                 for number, _member in enumerate(tar):
                     if number >= 1:  # the folder itself, then anything in it
@@ -345,27 +346,6 @@ class DockerBuilder:
     def _remove(self, container: str) -> None:
         with contextlib.suppress(Exception):
             self.api.remove_container(container, force=True, v=True)
-
-
-class _ChunkReader(io.RawIOBase):
-    """A file over an iterator of byte chunks (tarfile's stream mode reads from it)."""
-
-    def __init__(self, chunks: Any) -> None:
-        self._chunks, self._pending = chunks, b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            try:
-                self._pending = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(buffer), len(self._pending))
-        buffer[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
-        return n
 
 
 __all__ = ["BUILD_CAPS", "PACKAGES_DIR", "BuildLimits", "DockerBuilder", "StepFailed"]

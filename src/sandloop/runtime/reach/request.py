@@ -11,10 +11,12 @@ from __future__ import annotations
 import http.client
 import io
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from sandloop.contract import HttpAnswer
 from sandloop.runtime.reach.mux import Channel, ReachError
+from sandloop.runtime.streams import ChunkReader
 
 #: Most bytes of an answer's body kept by default (the rest is not read: ``truncated``).
 MAX_ANSWER_BYTES = 1024 * 1024
@@ -78,26 +80,19 @@ class _ChannelSocket:
         self.channel.send(bytes(data))
 
     def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
-        return io.BufferedReader(_ChannelReader(self))
+        return io.BufferedReader(ChunkReader(_chunks(self.channel, self.deadline)))
 
     def close(self) -> None:
-        pass  # the channel is closed by ``request``
+        pass  # the channel is closed by ``http_request``
 
 
-class _ChannelReader(io.RawIOBase):
-    def __init__(self, sock: _ChannelSocket) -> None:
-        self.sock, self.held = sock, b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if not self.held:
-            left = self.sock.deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            self.held = self.sock.channel.recv(left)  # b"": the server closed; TimeoutError: none came
-        n = min(len(buffer), len(self.held))
-        buffer[:n] = self.held[:n]
-        self.held = self.held[n:]
-        return n
+def _chunks(channel: Channel, deadline: float) -> Iterator[bytes]:
+    """What arrives on ``channel`` until it ends, each wait bounded by ``deadline``."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        data = channel.recv(left)  # TimeoutError: nothing came in time
+        if not data:  # the server closed
+            return
+        yield data
