@@ -41,6 +41,8 @@ next "Docker engine and gVisor (scripts/engine-up.sh), bubblewrap"
 bash scripts/engine-up.sh
 # bubblewrap starts runc-class sandboxes at a fraction of runc's cost (runtime/oci/bwrap.py).
 have bwrap bubblewrap "runc-class sandboxes start with runc"
+# The C starter (runtime/oci/starter.c) is compiled on first use: the whole start in one program.
+have cc gcc "bubblewrap starts runc-class sandboxes instead of the C starter"
 
 # The oldest E2B SDKs sandloop's E2B-compatible API supports, in a venv of their own (the tests
 # drive them from there; the newest are in the dev extras): made beside the main install, waited

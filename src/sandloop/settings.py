@@ -42,10 +42,11 @@ class OCIConfig(BaseModel):
     store: Path = Field(Path("/var/lib/sandloop/oci"), description="Exported root file systems and config templates.")
     state: Path = Field(Path("/run/sandloop/oci"), description="Bundles and the runtime's state (a tmpfs).")
     fallback: bool = Field(True, description="Run through Docker what cannot run directly (else refuse).")
-    runc_with: Literal["runc", "bwrap"] = Field(
-        "bwrap",
-        description="What starts runc-class sandboxes: bubblewrap with Docker's config translated "
-        "(runtime/oci/bwrap.py; runc where bwrap is missing or the translation has a gap), or runc.",
+    runc_with: Literal["runc", "bwrap", "starter"] = Field(
+        "starter",
+        description="What starts runc-class sandboxes from Docker's config translated (runtime/oci/bwrap.py; "
+        "runc where the translation has a gap): the C starter (runtime/oci/starter.c, the whole start in one "
+        "program; bubblewrap where it cannot be compiled), bubblewrap, or runc itself.",
     )
     engine: bool = Field(
         True,

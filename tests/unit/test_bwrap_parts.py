@@ -128,9 +128,9 @@ def test_the_seccomp_program_is_compiled_once_and_unknown_names_are_skipped():
 
 def test_tmpfs_options_and_flags_come_from_the_config():
     tmp = CONFIG["mounts"][-1]
-    assert bwrap._tmpfs_data(tmp) == "size=1024,mode=1777"
-    assert bwrap._tmpfs_flags(tmp) == 2 | 4 | 8
-    assert bwrap._tmpfs_flags({"options": []}) == 0
+    assert bwrap.tmpfs_data(tmp) == "size=1024,mode=1777"
+    assert bwrap.tmpfs_flags(tmp) == 2 | 4 | 8
+    assert bwrap.tmpfs_flags({"options": []}) == 0
 
 
 PROBE_IDS = [

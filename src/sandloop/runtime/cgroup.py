@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sandloop.contract import SandboxError
 
@@ -30,49 +30,64 @@ def memory_oom_kills(cgroup: str) -> int:
 V1 = Path("/sys/fs/cgroup")
 
 
+class Limits(NamedTuple):
+    """One cgroup of a sandbox and the files written in it, in order (value, read back ≤ it)."""
+
+    directory: Path
+    writes: tuple[tuple[str, int], ...]
+
+
+def plan_v1(parent: str, name: str, resources: Mapping[str, Any], controllers: Sequence[str]) -> list[Limits]:
+    """The sandbox's cgroups ``<controller>/<parent>/<name>`` and what to write in each, from the OCI
+    config's ``resources`` (memory+swap, CPU quota, pids): made by ``make_v1`` here, or by the C
+    starter (``runtime/oci/starter.c``) from the same plan.
+
+    Raises:
+        SandboxError: a limit a sandbox must never run without is missing from the config.
+    """
+    out: list[Limits] = []
+    for controller in controllers:
+        writes: list[tuple[str, int]] = []
+        if controller == "memory":
+            memory = resources.get("memory") or {}
+            if not memory.get("limit"):
+                raise SandboxError("refusing to start a sandbox without a memory limit in its config")
+            writes.append(("memory.limit_in_bytes", int(memory["limit"])))
+            if memory.get("swap"):
+                writes.append(("memory.memsw.limit_in_bytes", int(memory["swap"])))
+        elif controller == "cpu":
+            cpu = resources.get("cpu") or {}
+            if cpu.get("quota"):
+                writes.append(("cpu.cfs_period_us", int(cpu.get("period") or 100_000)))
+                writes.append(("cpu.cfs_quota_us", int(cpu["quota"])))
+            if cpu.get("shares"):
+                writes.append(("cpu.shares", int(cpu["shares"])))
+        elif controller == "pids":
+            limit = (resources.get("pids") or {}).get("limit")
+            if not limit:
+                raise SandboxError("refusing to start a sandbox without a pids limit in its config")
+            writes.append(("pids.max", int(limit)))
+        out.append(Limits(V1 / controller / parent / name, tuple(writes)))
+    return out
+
+
 def make_v1(parent: str, name: str, resources: Mapping[str, Any], controllers: Sequence[str]) -> list[Path]:
-    """The sandbox's cgroups ``<controller>/<parent>/<name>`` with the OCI config's
-    ``resources`` (memory+swap, CPU quota, pids), each limit read back: a sandbox must never run
+    """The sandbox's cgroups made (``plan_v1``), each limit read back: a sandbox must never run
     without them. On any failure nothing made is left.
 
     Raises:
         SandboxError: a limit is missing from the config or did not take.
     """
+    plan = plan_v1(parent, name, resources, controllers)
     made: list[Path] = []
-
-    def directory(controller: str) -> Path:
-        d = V1 / controller / parent / name
-        d.mkdir(parents=True)
-        made.append(d)
-        return d
-
-    def write(d: Path, key: str, value: int) -> None:
-        (d / key).write_text(str(value))
-        if int((d / key).read_text()) > value:  # the kernel rounds a memory limit down to pages
-            raise OSError(f"{key} did not take")
-
     try:
-        for controller in controllers:
-            d = directory(controller)
-            if controller == "memory":
-                memory = resources.get("memory") or {}
-                if not memory.get("limit"):
-                    raise SandboxError("refusing to start a sandbox without a memory limit in its config")
-                write(d, "memory.limit_in_bytes", int(memory["limit"]))
-                if memory.get("swap"):
-                    write(d, "memory.memsw.limit_in_bytes", int(memory["swap"]))
-            elif controller == "cpu":
-                cpu = resources.get("cpu") or {}
-                if cpu.get("quota"):
-                    write(d, "cpu.cfs_period_us", int(cpu.get("period") or 100_000))
-                    write(d, "cpu.cfs_quota_us", int(cpu["quota"]))
-                if cpu.get("shares"):
-                    write(d, "cpu.shares", int(cpu["shares"]))
-            elif controller == "pids":
-                limit = (resources.get("pids") or {}).get("limit")
-                if not limit:
-                    raise SandboxError("refusing to start a sandbox without a pids limit in its config")
-                write(d, "pids.max", int(limit))
+        for cgroup in plan:
+            cgroup.directory.mkdir(parents=True)
+            made.append(cgroup.directory)
+            for key, value in cgroup.writes:
+                (cgroup.directory / key).write_text(str(value))
+                if int((cgroup.directory / key).read_text()) > value:  # the kernel rounds a memory limit down
+                    raise OSError(f"{key} did not take")
     except OSError as exc:
         remove(made)
         raise SandboxError(f"could not set the sandbox's cgroup limits: {exc}") from exc

@@ -57,11 +57,12 @@ from sandloop.runtime.base import (
 )
 from sandloop.runtime.cgroup import memory_oom_kills
 from sandloop.runtime.docker import DockerBackend, LiveSandbox
-from sandloop.runtime.oci import bwrap
+from sandloop.runtime.oci import bwrap, starter
 from sandloop.runtime.oci.bundle import (
     BWRAP,
     CGROUP_PARENT,
     HOST_TMP,
+    STARTER,
     SUBREAPER,
     DirectSandbox,
     kill,
@@ -130,10 +131,11 @@ class OCIBackend:
         self.engine = engine
         if not engine:  # workspaces are their loop mounts, bound in here (kernels.bind_workspaces)
             docker.workspaces.volumes = False
-        #: What starts runc-class sandboxes: runc itself, or bubblewrap (bwrap.py) where its
-        #: translation of Docker's config has no gap (else runc).
+        #: What starts runc-class sandboxes: runc itself, or where bwrap.py's translation of Docker's
+        #: config has no gap, the C starter (starter.py: the whole start in one program) or
+        #: bubblewrap (bwrap.py); the starter falls back to bubblewrap, bubblewrap to runc.
         self.runc_with = runc_with
-        self._bwrap = bwrap.bwrap_path() if runc_with == BWRAP else None
+        self._bwrap = bwrap.bwrap_path() if runc_with in (BWRAP, STARTER) else None
         if runc_with == BWRAP and self._bwrap is None:
             log.warning("runc_with=bwrap, but bwrap is not installed (apt-get install bubblewrap): runc starts them")
         self.workspaces = docker.workspaces
@@ -310,7 +312,7 @@ class OCIBackend:
         runtime: str = spec.limits.runtime
         # a workspace bound in (a session's run without an engine) is a mount bwrap's translation
         # does not make: runc starts those
-        if runtime == "runc" and self._bwrap is not None and not spec.volumes and not self.bwrap_gaps(template):
+        if runtime == "runc" and self.translates() and not spec.volumes and not self.bwrap_gaps(template):
             runtime = BWRAP
         sandbox_id, bundle, config = new_config(
             self.state, self.hostname_file(), template, rootfs, spec, purpose, lifetime_seconds, runtime
@@ -372,8 +374,21 @@ class OCIBackend:
         self.host_problem()  # knows the runtimes' paths
         return list(self._runtimes.get(runtime, [runtime]))
 
+    def starter(self) -> str | None:
+        """The C starter (``starter.py``), when ``runc_with=starter`` and it runs here (compiled
+        and checked on first use)."""
+        return starter.starter_path(self.helpers) if self.runc_with == STARTER else None
+
+    def translates(self) -> bool:
+        """Whether runc-class sandboxes start from bwrap.py's translation (by the starter or bwrap)."""
+        return self.starter() is not None or self._bwrap is not None
+
     def runc_starter(self) -> str:
         """What starts runc-class sandboxes here, in words (``sandloop doctor``)."""
+        if self.starter() is not None:
+            return "the C starter (runtime/oci/starter.c, bwrap.py's translation; runc for a config it cannot translate)"
+        if self.runc_with == STARTER and self._bwrap is not None:
+            return "bubblewrap: the C starter could not be compiled or run here (see the log; needs cc)"
         if self._bwrap is not None:
             return "bubblewrap (runtime/oci/bwrap.py; runc for a config it cannot translate)"
         if self.runc_with == BWRAP:
@@ -387,10 +402,22 @@ class OCIBackend:
     def _launch_bwrap(
         self, config: dict[str, Any], rootfs: Path, bundle: Path, sandbox_id: str, spec: SandboxSpec
     ) -> DirectSandbox:
-        assert self._bwrap is not None
+        starter_path = self.starter()
         bwrap_path = self._bwrap
 
         def start(stdio: tuple[int, int, int]) -> subprocess.Popen[bytes]:
+            if starter_path is not None:
+                return starter.start(
+                    config,
+                    starter=starter_path,
+                    rootfs=rootfs,
+                    bundle=bundle,
+                    hostname_file=self.hostname_file(),
+                    cgroup_parent=CGROUP_PARENT,
+                    sandbox_id=sandbox_id,
+                    stdio=stdio,
+                )
+            assert bwrap_path is not None
             return bwrap.start(
                 config,
                 bwrap=bwrap_path,

@@ -64,8 +64,11 @@ def cgroup_dirs(sandbox_id: str) -> list[Path]:
 #: The host tmpfs that is a runsc (or bwrap) sandbox's /tmp, inside its bundle (runtime/tmpfs.py),
 #: and a bwrap sandbox's /dev/shm.
 HOST_TMP, HOST_SHM = "tmp", "shm"
-#: ``DirectSandbox.runtime`` of a runc-class sandbox bubblewrap started (bwrap.py).
+#: ``DirectSandbox.runtime`` of a runc-class sandbox started from bwrap.py's translation (by
+#: bubblewrap or by the C starter, starter.py: the same sandbox, torn down the same way).
 BWRAP = "bwrap"
+#: ``runc_with``'s value for the C starter (starter.py).
+STARTER = "starter"
 
 
 def remove_cgroup(directory: Path, attempts: int, wait: float) -> bool:

@@ -48,7 +48,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,7 +218,7 @@ def argv(
     hostname_file: Path,
     seccomp: int,
     info: int,
-    block: int,
+    block: int | None,
     cgroups: Sequence[Path] = (),
     unshare_net: bool = True,
 ) -> list[str]:
@@ -288,7 +288,8 @@ def argv(
         name, _, value = pair.partition("=")
         out += ["--setenv", name, value]
     out += ["--chdir", process.get("cwd") or "/"]
-    out += ["--seccomp", str(seccomp), "--info-fd", str(info), "--block-fd", str(block), "--", *process["args"]]
+    out += ["--seccomp", str(seccomp), "--info-fd", str(info)]
+    out += [*(["--block-fd", str(block)] if block is not None else []), "--", *process["args"]]
     return out
 
 
@@ -314,7 +315,7 @@ def privileges(config: Mapping[str, Any], exec_as: str | None = None, cgroups: S
         for limit in process.get("rlimits") or []
     ]
     if exec_as is not None and all(name in RLIMIT_NUMBERS for name, _, _ in rlimits):
-        numbers = [f"{RLIMIT_NUMBERS[name]}={_rlim(soft)}:{_rlim(hard)}" for name, soft, hard in rlimits]
+        numbers = [f"{RLIMIT_NUMBERS[name]}={rlim(soft)}:{rlim(hard)}" for name, soft, hard in rlimits]
         net = ["NETNS", *(f"{key}={value}" for key, value in _net_sysctls(config).items())]
         return [exec_as, str(uid), str(gid), groups, *(str(d) for d in cgroups), *numbers, *net, "--"]
     limits = [f"--{name.lower()}={soft}:{hard}" for name, soft, hard in rlimits]
@@ -340,24 +341,25 @@ def _net_sysctls(config: Mapping[str, Any]) -> dict[str, str]:
     return {k: v for k, v in ((config.get("linux") or {}).get("sysctl") or {}).items() if k.startswith("net.")}
 
 
-def _rlim(value: int) -> str:
+def rlim(value: int) -> str:
     return "inf" if value < 0 or value == resource.RLIM_INFINITY else str(value)
 
 
 EXEC_AS_SOURCE = Path(__file__).with_name("exec_as.c")
 _helper_lock = threading.Lock()
-_helpers: dict[Path, str | None] = {}
+_helpers: dict[tuple[Path, Path], str | None] = {}
 
 
-def exec_helper(directory: Path) -> str | None:
-    """``exec_as.c`` compiled into ``directory`` (once per source), or None where there is no C
-    compiler, it fails, or what it made does not run there (a ``noexec`` mount): then ``prlimit``
-    and ``setpriv``."""
+def compiled(directory: Path, source_path: Path, probe: Callable[[str], list[str]], instead: str) -> str | None:
+    """The C program ``source_path`` compiled into ``directory`` (once per source), or None where
+    there is no C compiler, it fails, or what it made does not run there (a ``noexec`` mount, a
+    kernel without what it needs): ``probe(path)`` is a command that must exit 0; ``instead``
+    says in the log what is used without it."""
     with _helper_lock:
-        if directory in _helpers:
-            return _helpers[directory]
-        source = EXEC_AS_SOURCE.read_bytes()
-        path = directory / f"exec-as-{hashlib.sha256(source).hexdigest()[:12]}"
+        if (directory, source_path) in _helpers:
+            return _helpers[directory, source_path]
+        source = source_path.read_bytes()
+        path = directory / f"{source_path.stem.replace('_', '-')}-{hashlib.sha256(source).hexdigest()[:12]}"
         compiler = shutil.which("cc") or shutil.which("gcc")
         why = ""
         if not os.access(path, os.X_OK) and compiler:
@@ -377,17 +379,25 @@ def exec_helper(directory: Path) -> str | None:
                 why = done.stderr.decode(errors="replace").strip()[-300:]
         found: str | None = None
         if os.access(path, os.X_OK):
-            try:  # it runs here (the same user: a check of the program, not of a change of user)
-                uid, gid = str(os.getuid()), str(os.getgid())
-                probe = subprocess.run([str(path), uid, gid, gid, "--", "/bin/true"], capture_output=True, timeout=30)
-                found = str(path) if probe.returncode == 0 else None
-                why = probe.stderr.decode(errors="replace").strip()[-300:]
+            try:
+                ran = subprocess.run(probe(str(path)), capture_output=True, timeout=30)
+                found = str(path) if ran.returncode == 0 else None
+                why = ran.stderr.decode(errors="replace").strip()[-300:]
             except OSError as exc:
                 why = str(exc)
         if found is None and compiler:
-            log.warning("%s cannot be used (%s): prlimit and setpriv start bwrap sandboxes", path, why or "?")
-        _helpers[directory] = found
+            why = why or ("it was not made" if not path.exists() else "not executable there (a noexec mount?)")
+            log.warning("%s cannot be used (%s): %s", path, why, instead)
+        _helpers[directory, source_path] = found
         return found
+
+
+def exec_helper(directory: Path) -> str | None:
+    """``exec_as.c`` compiled into ``directory`` (``compiled``), or None: then ``prlimit`` and
+    ``setpriv``. Its probe runs it as this user (a check of the program, not of a change of user)."""
+    uid, gid = str(os.getuid()), str(os.getgid())
+    probe = [uid, gid, gid, "--", "/bin/true"]
+    return compiled(directory, EXEC_AS_SOURCE, lambda path: [path, *probe], "prlimit and setpriv start bwrap sandboxes")
 
 
 def set_net_sysctls(pid: int, config: Mapping[str, Any]) -> None:
@@ -464,8 +474,8 @@ def start(
     linux = config.get("linux") or {}
     mounts = {m["destination"]: m for m in config.get("mounts") or []}
     tmp, shm = bundle / "tmp", bundle / "shm"
-    mount_host_tmpfs(tmp, _tmpfs_data(mounts.get("/tmp")), _tmpfs_flags(mounts.get("/tmp")))
-    mount_host_tmpfs(shm, _tmpfs_data(mounts.get("/dev/shm")), _tmpfs_flags(mounts.get("/dev/shm")))
+    mount_host_tmpfs(tmp, tmpfs_data(mounts.get("/tmp")), tmpfs_flags(mounts.get("/tmp")))
+    mount_host_tmpfs(shm, tmpfs_data(mounts.get("/dev/shm")), tmpfs_flags(mounts.get("/dev/shm")))
     cgroups = make_v1(cgroup_parent, sandbox_id, linux.get("resources") or {}, CONTROLLERS)
     bpf = seccomp_fd(compile_seccomp(linux["seccomp"]))
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
@@ -524,12 +534,12 @@ def start(
                     os.close(fd)
 
 
-def _tmpfs_data(mount: Mapping[str, Any] | None) -> str:
+def tmpfs_data(mount: Mapping[str, Any] | None) -> str:
     keep = ("size=", "nr_inodes=", "mode=")
     return ",".join(o for o in (mount or {}).get("options") or [] if o.startswith(keep)) or "size=64m,mode=1777"
 
 
-def _tmpfs_flags(mount: Mapping[str, Any] | None) -> int:
+def tmpfs_flags(mount: Mapping[str, Any] | None) -> int:
     options = set((mount or {}).get("options") or [])
     return (
         (MS_NOSUID if "nosuid" in options else 0)
