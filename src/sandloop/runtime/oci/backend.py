@@ -386,7 +386,7 @@ class OCIBackend:
     def runc_starter(self) -> str:
         """What starts runc-class sandboxes here, in words (``sandloop doctor``)."""
         if self.starter() is not None:
-            return "the C starter (runtime/oci/starter.c, bwrap.py's translation; runc for a config it cannot translate)"
+            return "the C starter (runtime/oci/starter.c, bwrap.py's translation; runc where it cannot translate)"
         if self.runc_with == STARTER and self._bwrap is not None:
             return "bubblewrap: the C starter could not be compiled or run here (see the log; needs cc)"
         if self._bwrap is not None:
