@@ -1,7 +1,9 @@
-"""runc-class sandboxes started by bubblewrap (runtime/oci/bwrap.py) beside runc started directly,
-on the same captured Docker config: every control seen from inside gives runc's answer, the
-user, the limits and the namespaces read from the host, the seccomp filter's behaviour on what
-the profile denies, OOM, timeouts, nothing left behind, the reaper, and the fallback to runc."""
+"""runc-class sandboxes started from bwrap.py's translation (by bubblewrap, and by the C starter,
+runtime/oci/starter.c, which reads the same command line) beside runc started directly, on the
+same captured Docker config: every control seen from inside gives runc's answer, the user, the
+limits and the namespaces read from the host, the seccomp filter's behaviour on what the profile
+denies, OOM, timeouts, nothing left behind, the reaper, and the fallback to runc. Every test that
+takes ``pair`` runs once for each of the two."""
 
 from __future__ import annotations
 
@@ -24,14 +26,19 @@ from sandloop.runtime.oci import bwrap as bwrap_mod
 from tests.integration.test_oci import PROBES, STATE, _leftovers, _request
 
 pytestmark = pytest.mark.skipif(bwrap_mod.bwrap_path() is None, reason="bubblewrap is not installed")
+#: What starts the translated sandboxes (``runc_with``): bubblewrap, and the C starter.
+STARTERS = ["bwrap", "starter"]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    """The same engine's templates, two ways of starting them."""
+@pytest.fixture(scope="module", params=STARTERS)
+def pair(request):
+    """The same engine's templates, two ways of starting them: runc, and the translation started
+    by ``request.param``."""
     docker = DockerBackend()
-    runc, bwrap = OCIBackend(docker), OCIBackend(docker, runc_with="bwrap")
+    runc, bwrap = OCIBackend(docker), OCIBackend(docker, runc_with=request.param)
     assert runc.host_problem() is None and bwrap.host_problem() is None
+    # the starter here is the real one: a host with a C compiler must not fall back unseen
+    assert (bwrap.starter() is not None) == (request.param == "starter")
     yield runc, bwrap
     bwrap.drain(30)
     runc.close()
@@ -79,7 +86,8 @@ def test_every_probe_gives_runcs_answer(pair):
     # refused both ways, with another errno: setuid(0) is EINVAL where uid 0 is not mapped (the
     # user namespace) and EPERM under runc; /proc/sys is EACCES to a user namespace, EROFS to runc
     assert (a.pop("setuid"), b.pop("setuid")) == ("EPERM", "EINVAL")
-    assert (a.pop("write_proc_sys"), b.pop("write_proc_sys")) == ("EROFS", "EACCES")
+    # (the C starter binds /proc/sys read-only whoever could write it, as Docker's readonlyPaths do)
+    assert (a.pop("write_proc_sys"), b.pop("write_proc_sys")) == ("EROFS", "EROFS" if bwrap.starter() else "EACCES")
     # bwrap's /dev also has a "core" link to /proc/kcore (masked, and absent on this kernel)
     assert set(b.pop("devices")) - {"core"} == set(a.pop("devices"))
     assert a == b
@@ -123,8 +131,8 @@ def test_from_the_host_the_sandbox_is_65534_in_its_own_namespaces_and_cgroups(pa
         cgroups = Path("/sys/fs/cgroup")
         mine = f"sandloop/{sandbox.id}"
         pids = (cgroups / "memory" / mine / "cgroup.procs").read_text().split()
-        monitor = str(sandbox.proc.pid)  # bwrap's own process (exec_as joined the cgroups before it)
-        joined_itself = bwrap_mod.exec_helper(bwrap.helpers) is not None
+        monitor = str(sandbox.proc.pid)  # bwrap's or the starter's own (they joined the cgroups first)
+        joined_itself = bwrap.starter() is not None or bwrap_mod.exec_helper(bwrap.helpers) is not None
         assert (monitor in pids) == joined_itself
         if joined_itself:  # in the host's namespaces, as 65534 with nothing to gain
             status = Path(f"/proc/{monitor}/status").read_text()
@@ -213,8 +221,9 @@ def test_a_timeout_kills_and_many_runs_leave_nothing(pair):
     assert [r for r in rows if r.split()[0].startswith("Z") and r.split()[1] == str(os.getpid())] == []
 
 
-def _owner_killed_mid_run() -> str:
-    """A process that started a bwrap sandbox, SIGKILLed mid-run: its sandbox's id."""
+def _owner_killed_mid_run(runc_with: str = "bwrap") -> str:
+    """A process that started a sandbox from the translation (by ``runc_with``), SIGKILLed mid-run:
+    its sandbox's id."""
     script = textwrap.dedent(
         """
         from sandloop.runtime.docker import DockerBackend
@@ -222,7 +231,7 @@ def _owner_killed_mid_run() -> str:
         from sandloop.runner import build_request
         from sandloop.settings import runtime_image
         from sandloop import SandboxLimits
-        b = OCIBackend(DockerBackend(), runc_with="bwrap")
+        b = OCIBackend(DockerBackend(), runc_with=RUNC_WITH)
         r = build_request("import time\\nprint('up', flush=True)\\ntime.sleep(300)", "python", 300,
                           limits=SandboxLimits(), image=runtime_image())
         s = b.launch(r.spec, purpose="run", lifetime_seconds=300)
@@ -230,6 +239,7 @@ def _owner_killed_mid_run() -> str:
         b.execute(s, r)
         """
     )
+    script = script.replace("RUNC_WITH", repr(runc_with))
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert owner.stdout is not None
     sandbox_id, runtime = owner.stdout.readline().split()
@@ -247,18 +257,19 @@ def _owner_killed_mid_run() -> str:
 def test_an_owner_killed_mid_run_is_reaped(pair):
     from sandloop.pool.reaper import reap
 
-    sandbox_id = _owner_killed_mid_run()
+    sandbox_id = _owner_killed_mid_run(pair[1].runc_with)
     reap(pair[1])
     assert _leftovers([sandbox_id], "bwrap") == []
 
 
-def test_what_a_killed_owner_left_goes_at_the_next_process_first_run():
+@pytest.mark.parametrize("runc_with", STARTERS)
+def test_what_a_killed_owner_left_goes_at_the_next_process_first_run(runc_with):
     """A SIGKILLed ``sandloop run`` leaves its bundle, cgroups and tmpfs mounts (its processes die
     with it); the next process's first direct launch sweeps them off the request path, and a
     half-made bundle (``.ID``, killed before it started) of a dead owner too, never a live one's."""
     from sandloop.runtime.labels import OWNER_LABEL, owner_id
 
-    sandbox_id = _owner_killed_mid_run()
+    sandbox_id = _owner_killed_mid_run(runc_with)
     assert (STATE / "bundles" / sandbox_id / "tmp").is_mount()
     dead = STATE / "bundles" / f".{sandbox_id}-half"
     alive = STATE / "bundles" / f".{sandbox_id}-mine"
@@ -266,7 +277,7 @@ def test_what_a_killed_owner_left_goes_at_the_next_process_first_run():
         half.mkdir()
         (half / "config.json").write_text(json.dumps({"annotations": {OWNER_LABEL: owner}}))
     try:
-        fresh = OCIBackend(DockerBackend(), runc_with="bwrap")
+        fresh = OCIBackend(DockerBackend(), runc_with=runc_with)
         s = _started_by(fresh)
         try:
             assert fresh.execute(s, _request("print(7)")).stdout == "7\n"

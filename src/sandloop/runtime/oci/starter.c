@@ -595,6 +595,8 @@ int main(int argc, char **argv) {
     while (i < argc && !user_done) {
         const char *o = argv[i];
         int left = argc - i - 1;
+        if (strcmp(o, "--") == 0)
+            break;
 #define TAKES(n)                                                                                             \
     if (left < (n)) {                                                                                        \
         errno = 0;                                                                                           \
@@ -658,6 +660,9 @@ int main(int argc, char **argv) {
         die("--unshare-user needs --uid and --gid");
     if (sandbox_uid >= 0 && ((uid_t)sandbox_uid != getuid() || (gid_t)sandbox_gid != getgid()))
         die("--uid/--gid must be --user's (the namespace maps them to themselves)");
+    /* as bubblewrap's monitor: no privilege can be gained by anything this process executes */
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        die("PR_SET_NO_NEW_PRIVS");
     /* this process dies with its parent (the setting does not survive the change of user) */
     if (die_with_parent && (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent))
         die("the caller is gone");
