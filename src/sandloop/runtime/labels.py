@@ -26,9 +26,18 @@ def _process_start_time(pid: int) -> str:
         return "0"
 
 
+_own: tuple[int, str] = (0, "")
+
+
 def owner_id(pid: int | None = None) -> str:
-    """``host:pid:start-time`` of a process; the reaper checks whether that process still lives."""
-    pid = os.getpid() if pid is None else pid
+    """``host:pid:start-time`` of a process; the reaper checks whether that process still lives.
+    This process's own is read once (per pid: a forked child reads its own), not at every start."""
+    global _own
+    if pid is None:
+        me = os.getpid()
+        if _own[0] != me:
+            _own = (me, f"{socket.gethostname()}:{me}:{_process_start_time(me)}")
+        return _own[1]
     return f"{socket.gethostname()}:{pid}:{_process_start_time(pid)}"
 
 

@@ -350,27 +350,38 @@ _helper_lock = threading.Lock()
 _helpers: dict[tuple[Path, Path], str | None] = {}
 
 
-def compiled(directory: Path, source_path: Path, probe: Callable[[str], list[str]], instead: str) -> str | None:
+def compiled(
+    directory: Path,
+    source_path: Path,
+    probe: Callable[[str], list[str]],
+    instead: str,
+    flags: Sequence[str] = (),
+) -> str | None:
     """The C program ``source_path`` compiled into ``directory`` (once per source), or None where
     there is no C compiler, it fails, or what it made does not run there (a ``noexec`` mount, a
     kernel without what it needs): ``probe(path)`` is a command that must exit 0; ``instead``
-    says in the log what is used without it."""
+    says in the log what is used without it. ``flags`` are tried first (``-static``: no dynamic
+    loader at every start), then left out if the compiler refuses them (no static C library)."""
     with _helper_lock:
         if (directory, source_path) in _helpers:
             return _helpers[directory, source_path]
         source = source_path.read_bytes()
-        path = directory / f"{source_path.stem.replace('_', '-')}-{hashlib.sha256(source).hexdigest()[:12]}"
+        digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:12]  # a new one per source and flags
+        path = directory / f"{source_path.stem.replace('_', '-')}-{digest}"
         compiler = shutil.which("cc") or shutil.which("gcc")
         why = ""
         if not os.access(path, os.X_OK) and compiler:
             directory.mkdir(parents=True, exist_ok=True, mode=0o755)
             tmp = directory / f".{path.name}-{os.getpid()}-{threading.get_ident()}"
-            done = subprocess.run(
-                [compiler, "-O2", "-Wall", "-o", str(tmp), "-x", "c", "-"],
-                input=source,
-                capture_output=True,
-                timeout=120,
-            )
+            for extra in ([*flags], []) if flags else ([],):
+                done = subprocess.run(
+                    [compiler, "-O2", "-Wall", *extra, "-o", str(tmp), "-x", "c", "-"],
+                    input=source,
+                    capture_output=True,
+                    timeout=120,
+                )
+                if done.returncode == 0:
+                    break
             if done.returncode == 0:
                 tmp.chmod(0o755)
                 tmp.rename(path)
