@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandloop import SandboxLimits
-from sandloop.contract import SessionNotPaused, SessionPaused, SnapshotIncompatible, SnapshotNotFound
+from sandloop.contract import InvalidArgument, SessionNotPaused, SessionPaused, SnapshotIncompatible, SnapshotNotFound
 from sandloop.runner import default_root
 from sandloop.runtime.labels import SESSION_LABEL
 from sandloop.sessions import Session
@@ -168,6 +168,50 @@ def test_a_gvisor_fork_has_its_own_memory_and_workspace(gvisor_session):
         for k in kids:
             k.delete()
     assert Session.snapshots(s.id) == []  # the fork's own snapshot is gone
+
+
+@pytest.mark.runsc
+def test_paused_forks_hold_no_memory_and_resume_with_their_own_copy_at_first_use(gvisor_session):
+    """``fork(paused=True)``: each child is an idle pause with its own copy of the memory image
+    (nothing restored now, no sandbox of its own), resumed at its first call with the parent's
+    variables and workspace; what one then changes no other sees."""
+    s = gvisor_session
+    s.run_cell("import numpy as np; arr = np.zeros(3); n = 41")
+    s.write_file("shared.txt", "parent")
+    kids = s.fork(3, paused=True)
+    try:
+        assert [k.paused for k in kids] == ["memory"] * 3 and all(k.paused_for_idleness for k in kids)
+        assert all(direct_interpreters(k.id) == [] for k in kids)  # no sandbox holds their memory
+        root = default_root()
+        images = [root.sessions.root / k.id / "paused" / "memory" for k in kids]
+        assert all(p.is_dir() for p in images) and len({os.stat(p).st_ino for p in images}) == 3  # copies
+        assert s.run_cell("n + 1").value == "42"  # the parent runs on
+        assert kids[0].run_cell("arr[0] = 7; n + 1").value == "42"  # resumed at its first call
+        assert kids[0].paused is None and len(direct_interpreters(kids[0].id)) == 1
+        assert kids[1].read_file("shared.txt") == b"parent"
+        assert kids[1].run_cell("float(arr[0])").value == "0.0"
+        assert kids[2].paused == "memory"  # untouched: still paused, still nothing held
+        assert s.run_cell("float(arr[0])").value == "0.0"
+    finally:
+        for k in kids:
+            k.delete()
+    assert Session.snapshots(s.id) == []
+
+
+def test_a_paused_fork_of_a_runc_session_keeps_its_state_and_the_flag_is_checked():
+    s = Session.create(ttl=600, quota="64m")
+    try:
+        s.run_cell("x = {'a': 1}")
+        with pytest.raises(InvalidArgument, match="paused must be true or false"):
+            s.fork(1, paused="yes")  # type: ignore[arg-type]
+        [kid] = s.fork(1, paused=True)
+        try:
+            assert kid.paused == "state" and kid.paused_for_idleness
+            assert kid.run_cell("x['a'] + 1").value == "2" and kid.paused is None
+        finally:
+            kid.delete()
+    finally:
+        s.delete()
 
 
 @pytest.mark.runsc

@@ -64,6 +64,9 @@ def session_resume(session_id: Annotated[str, typer.Argument(help="The session's
 def session_fork(
     session_id: Annotated[str, typer.Argument(help="The session's id.")],
     count: Annotated[int, typer.Option("--count", "-n", help="How many forks (1-20).")] = 1,
+    paused: Annotated[
+        bool, typer.Option("--paused", help="Make them paused: each resumes at its first use (no memory held now).")
+    ] = False,
 ) -> None:
     """New sessions, each starting as this one is now, with their own workspace and memory;
     prints their ids."""
@@ -73,7 +76,7 @@ def session_fork(
         raise _fail_for(exc) from None
     s = _session(session_id)
     try:
-        children = s.fork(count)
+        children = s.fork(count, paused=paused)
     except SandboxError as exc:
         raise _fail_for(exc) from None
     for child in children:

@@ -250,16 +250,17 @@ def create_mcp_server(
 
     @server.tool(
         description="Fork a session: count (1-20) new sessions, each starting as this one is now, with its own "
-        "copy of the workspace and of the interpreter's variables (its whole memory on gVisor). Returns their ids."
+        "copy of the workspace and of the interpreter's variables (its whole memory on gVisor). paused=true makes "
+        "them paused (nothing runs until each is first used, which resumes it). Returns their ids."
     )
     @_guarded
-    def session_fork(ctx: Context, session_id: str, count: int = 1) -> CallToolResult:
+    def session_fork(ctx: Context, session_id: str, count: int = 1, paused: bool = False) -> CallToolResult:
         with metered(ctx) as token, session_lock, attach(token, session_id) as s:
             if token is not None and tokens is not None:
                 live = [r.quota_bytes for r in root.list_sessions() if r.id in tokens.sessions_of(token.id)]
                 for i in range(count if isinstance(count, int) else 1):
                     check_session_room(token, live + [s.record.quota_bytes] * i, s.record.quota_bytes)
-            children = s.fork(count)
+            children = s.fork(count, paused=paused)
             for child in children:
                 if token is not None and tokens is not None:
                     tokens.own(child.id, token.id)

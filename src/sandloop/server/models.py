@@ -151,6 +151,8 @@ class SnapshotIn(_In):
 
 class ForkIn(_In):
     count: int = Field(1, ge=1, le=20)
+    #: The children made paused for want of use (resumed at their first call): a copy each, no restore now.
+    paused: bool = False
 
 
 class FromSnapshotIn(_In):

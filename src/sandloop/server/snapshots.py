@@ -46,13 +46,14 @@ def snapshot_routes(api: Api) -> APIRouter:
 
     @router.post("/v1/sessions/{session_id}/fork", status_code=201)
     def fork(session_id: str, body: ForkIn, token: Auth) -> list[dict[str, Any]]:
-        """``count`` new sessions, each as this one is now, with their own workspace and memory."""
+        """``count`` new sessions, each as this one is now, with their own workspace and memory;
+        ``paused``: made paused, each resumed at its first call."""
         with rates.use(token), session_lock, owned(token, session_id) as s:
             live = [r.quota_bytes for r in live_sessions(token)]
             for i in range(body.count):  # each child is a session of the token's
                 check_session_room(token, live + [s.record.quota_bytes] * i, s.record.quota_bytes)
             room_for_snapshot(token)
-            children = s.fork(body.count)
+            children = s.fork(body.count, paused=body.paused)
             for child in children:
                 tokens.own(child.id, token.id)
                 child.close()

@@ -380,18 +380,27 @@ class Session(SessionFiles, SessionSnapshots, SessionReach):
             )
 
     # -- new sessions from this one, or from a snapshot (session_snapshots.py) ------------------
-    def fork(self, count: int = 1) -> builtins.list[Session]:
+    def fork(self, count: int = 1, *, paused: bool = False) -> builtins.list[Session]:
         """``count`` new sessions, each starting as this one is now, with its own copy of the
         workspace (and of the memory, where it is kept): what one changes, no other sees. Where
         the memory is kept, this session's own restore runs beside its children's (each is
-        mostly waiting on runsc: one after the other took 4.9 s for a fork of one)."""
+        mostly waiting on runsc: one after the other took 4.9 s for a fork of one).
+        ``paused``: the children are made paused for want of use (each its own copy of the
+        memory image or state, nothing started: no memory held, no restore now); each resumes
+        at its first call, as after an idle pause. Branching a state many ways for rollouts that
+        run later costs a copy each instead of a restore each."""
         validate_count(count)
+        if not isinstance(paused, bool):
+            raise InvalidArgument(f"paused must be true or false, got {paused!r}")
         with self._kernel.locked():
             snap = self._snapshot(f"fork of {self.id}", bring_back=False)
             parent: BaseException | None = None
             try:
                 with concurrent.futures.ThreadPoolExecutor(max_workers=min(count, 4)) as pool:
-                    futures = [pool.submit(Session.from_snapshot, snap.id, root=self._root) for _ in range(count)]
+                    futures = [
+                        pool.submit(Session.from_snapshot, snap.id, root=self._root, paused=paused)
+                        for _ in range(count)
+                    ]
                     parent = self._restore_from(snap)
                     concurrent.futures.wait(futures)
                 made = [f.result() for f in futures if f.exception() is None]
@@ -407,10 +416,18 @@ class Session(SessionFiles, SessionSnapshots, SessionReach):
 
     @classmethod
     def from_snapshot(
-        cls, snapshot: str | SnapshotRecord, *, ttl: float | None = None, root: SessionHost | None = None
+        cls,
+        snapshot: str | SnapshotRecord,
+        *,
+        ttl: float | None = None,
+        root: SessionHost | None = None,
+        paused: bool = False,
     ) -> Session:
-        """A new session started from a snapshot (its workspace a copy of the snapshot's)."""
+        """A new session started from a snapshot (its workspace a copy of the snapshot's);
+        ``paused``: made paused for want of use, resumed at its first call (see ``fork``)."""
         root = root or default_host()
+        if paused and root.sessions.remote is not None:
+            raise InvalidArgument("paused=True makes sessions on this host only, not on a cluster's nodes")
         snapshots = root.snapshots
         snapshot_id = snapshot.id if isinstance(snapshot, SnapshotRecord) else snapshot
         # on a cluster, where the snapshot is kept (its memory image and files), found with its record
@@ -433,7 +450,7 @@ class Session(SessionFiles, SessionSnapshots, SessionReach):
             if root.sessions.remote is not None:
                 root.sessions.remote.start_from_snapshot(asdict(record), snap.id)
             else:
-                session.start_here(snap.id)
+                session.start_here(snap.id, paused=paused)
         except BaseException:
             session.delete()
             raise

@@ -268,8 +268,9 @@ class SessionSnapshots(SessionParts):
             return exc
         return None
 
-    def start_here(self, snapshot_id: str) -> None:
-        """A new session's workspace and interpreter from a snapshot on the host holding both."""
+    def start_here(self, snapshot_id: str, *, paused: bool = False) -> None:
+        """A new session's workspace and interpreter from a snapshot on the host holding both;
+        ``paused``: the interpreter not started but kept as an idle pause (``paused_here``)."""
         snapshots = self._local_snapshots()
         snap = snapshots.get(snapshot_id)
         on_host = self._root.backend.workspace_on_host(self.id, self._record.workspace)
@@ -278,7 +279,33 @@ class SessionSnapshots(SessionParts):
         directory = snapshots.dir(snap.id)
         copy_files(directory / "files", on_host)
         with self._kernel.locked():
-            self._bring_back(directory, snap.kind)
+            if paused:
+                self._paused_from(directory, snap)
+            else:
+                self._bring_back(directory, snap.kind)
+
+    def _paused_from(self, directory: Path, snap: SnapshotRecord) -> None:
+        """This new session paused for want of use with its own copy of what the snapshot keeps
+        (its memory image or picklable state), as if it had run and the idle pause had come: no
+        interpreter starts and no memory is held until its first call, which resumes it. A fork
+        of many costs a copy each (no restore, no checkpoint). Under the kernel's lock."""
+        staged = self._home / f".{PAUSED}"
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir(mode=0o700)
+        try:
+            for name in ("memory", "state.pkl"):  # what ``_keep`` writes for each kind
+                source = directory / name
+                if source.is_dir():
+                    shutil.copytree(source, staged / name, symlinks=True)
+                elif source.is_file():
+                    shutil.copy2(source, staged / name)
+            (staged / "dropped.json").write_text(json.dumps(snap.dropped))
+            (staged / "kind").write_text(snap.kind)
+            (staged / IDLE_MARK).write_text(str(time.time()))
+            os.rename(staged, self._home / PAUSED)
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
 
     def restore_here(self, snapshot_id: str) -> None:
         """This session's interpreter back from its own memory snapshot (a fork's parent), on the
