@@ -10,7 +10,9 @@ paused; disk is each paused session's state (``$SANDLOOP_HOME/sessions/<id>/paus
 
 ``--hold N``: instead, keep N sessions (pandas loaded, a small frame in memory) on the host at
 once, each paused as soon as it is idle (``--sessions`` running at most at a time), then the next
-cell of a sample of them: the "1,000 sessions on one host" measure.
+cell of a sample of them: the "1,000 sessions on one host" measure. ``--fill fork`` makes
+``--sessions`` of them so and the rest as paused forks of those (a copy of a memory image each:
+1,000 made in minutes, not an hour).
 
 Prints Markdown tables.
 """
@@ -113,12 +115,36 @@ def side_by_side(root: Sandloop, runtime: str, count: int) -> list[tuple[str, st
     ]
 
 
-def hold(root: Sandloop, runtime: str, total: int, at_once: int, sample: int, workers: int) -> list[tuple[str, str]]:
-    """``total`` sessions on the host at once, at most ``at_once`` of them running."""
+def hold(
+    root: Sandloop, runtime: str, total: int, at_once: int, sample: int, workers: int, fill: str = "start"
+) -> list[tuple[str, str]]:
+    """``total`` sessions on the host at once, at most ``at_once`` of them running. ``fill``:
+    "start" makes each one (its own start, pandas import and idle pause); "fork" makes ``at_once``
+    so, then the rest as paused forks of them (``Session.fork(paused=True)``: a copy of a seed's
+    memory image each, 20 a call), as a rollout harness branching states would."""
     held: list[Session] = []
     started = time.monotonic()
     peak = 0
     try:
+        if fill == "fork":
+            seeds = [
+                Session.create(SandboxLimits(runtime=runtime), ttl=4 * IDLE, quota="8m", root=root)
+                for _ in range(min(at_once, total))
+            ]
+            held += seeds
+            with ThreadPoolExecutor(workers) as pool:
+                assert all(r.ok for r in pool.map(lambda s: s.run_cell(SETUP), seeds))
+            peak = max(peak, sandbox_memory())
+            turn = 0
+            while len(held) < total:
+                kids = seeds[turn % len(seeds)].fork(min(20, total - len(held)), paused=True)
+                turn += 1
+                held += kids
+                if len(held) % 100 < 20:
+                    print(f"  {len(held)} sessions held, {time.monotonic() - started:.0f} s", flush=True)
+            for s in seeds:
+                age(root, s)
+            assert len(pauser_for(root, seeds).sweep()) == len(seeds)
         while len(held) < total:
             batch = [
                 Session.create(SandboxLimits(runtime=runtime), ttl=4 * IDLE, quota="8m", root=root)
@@ -151,7 +177,7 @@ def hold(root: Sandloop, runtime: str, total: int, at_once: int, sample: int, wo
     disk_row = f"{disk / 2**20:.0f} ({disk / len(held) / 2**10:.0f} KiB)"
     return [
         (f"{runtime}: sessions held at once (pandas loaded, paused when idle)", f"{len(held)}"),
-        (f"{runtime}: time to make and pause them all s", f"{filled:.0f}"),
+        (f"{runtime}: time to make and pause them all s ({fill})", f"{filled:.0f}"),
         (f"{runtime}: sandbox memory with all of them paused MiB (peak while {at_once} ran)", memory_row),
         (f"{runtime}: their directories on disk MiB (per session)", disk_row),
         (f"{runtime}: next cell of {len(nexts)} picked at random ms (p50 / max)", ms(nexts)),
@@ -165,12 +191,15 @@ def main() -> None:
     parser.add_argument("--hold", type=int, default=0)
     parser.add_argument("--sample", type=int, default=30)
     parser.add_argument("--workers", type=int, default=2, help="--hold: cells run side by side while filling")
+    parser.add_argument(
+        "--fill", choices=("start", "fork"), default="start", help="--hold: each session started, or paused forks"
+    )
     args = parser.parse_args()
     rows: list[tuple[str, str]] = []
     with Sandloop(Settings(pool_size=0, session_pool_size=0)) as root:
         for runtime in args.runtimes.split(","):
             if args.hold:
-                rows += hold(root, runtime, args.hold, args.sessions, args.sample, args.workers)
+                rows += hold(root, runtime, args.hold, args.sessions, args.sample, args.workers, args.fill)
             else:
                 rows += side_by_side(root, runtime, args.sessions)
     print("| idle sessions paused to disk | value |\n|---|---:|")
