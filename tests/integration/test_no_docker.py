@@ -1,6 +1,6 @@
 """A host without Docker (issue 26): the runtime image built straight into the direct backend's
 store (``sandloop images build --no-docker``), configs made here (runtime/oci/generate.py) and
-proven equal to Docker's field by field, and runs on bubblewrap, runc and runsc by a backend whose
+proven equal to Docker's field by field, and runs on the C starter, runc and runsc by a backend whose
 Docker engine is a dead socket (``engine=false``): it works, never asks the engine, refuses what
 needs one in the user's words, and leaves nothing behind."""
 
@@ -127,7 +127,7 @@ def test_runs_without_an_engine_on_every_starter_with_the_controls(root):
         assert result.ok, result.stderr
         seen = result.stdout.strip().split("|")
         assert seen == ["65534", "65534", "sandbox", "Read-only file system", "lo", "0000000000000000"], runtime
-    assert root.backend.runc_starter().startswith("bubblewrap")
+    assert root.backend.runc_starter().startswith("the C starter")
 
 
 def test_limits_hold_without_an_engine(root):
