@@ -86,6 +86,18 @@ def measure(settings: Settings, where: str, args: argparse.Namespace, rows: list
                 fork8 = time.monotonic() - started
                 for child in children:
                     child.delete()
+                paused_forks = []  # the call alone: the children are made paused, nothing restored
+                for _ in range(args.runs):
+                    started = time.monotonic()
+                    [child] = s.fork(1, paused=True)
+                    paused_forks.append(time.monotonic() - started)
+                    child.delete()
+                started = time.monotonic()
+                children = s.fork(8, paused=True)
+                paused8 = time.monotonic() - started
+                assert children[0].run_cell(CHECK).ok  # resumed at its first call
+                for child in children:
+                    child.delete()
                 for snap in Session.snapshots(s.id, root=root):
                     Session.delete_snapshot(snap.id, root=root)
             finally:
@@ -95,6 +107,8 @@ def measure(settings: Settings, where: str, args: argparse.Namespace, rows: list
                 (f"{where}{runtime} ({kind}): resume to first cell p50", p50(resumes)),
                 (f"{where}{runtime} ({kind}): fork to first cell p50", p50(forks)),
                 (f"{where}{runtime} ({kind}): fork count=8 to every first cell", f"{fork8:.2f} s"),
+                (f"{where}{runtime} ({kind}): fork paused=True, the call p50", p50(paused_forks)),
+                (f"{where}{runtime} ({kind}): fork count=8 paused=True, the call", f"{paused8:.2f} s"),
                 (f"{where}{runtime} ({kind}): snapshot on disk", f"{size / 2**20:.0f} MiB"),
             ]
         if where:  # the node's actor, the clean way, before its cluster stops
