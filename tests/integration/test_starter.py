@@ -96,6 +96,16 @@ def test_the_program_runs_as_the_user_in_its_namespaces_and_its_status_comes_bac
     assert (uid, uid_map.split(), pid, bounding.split()[1]) == ("65534", ["65534", "65534", "1"], "1", "0" * 16)
 
 
+def test_the_environment_is_exactly_what_was_set_with_pwd_as_bubblewrap_sets_it(program):
+    many = [a for i in range(2000) for a in ("--setenv", f"V{i}", str(i))]
+    at = starter.PROBE.index("--")
+    argv = [program, *starter.PROBE[:at], *many, "--chdir", "/tmp", "--", "/usr/bin/env"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={"LEAK": "1"})
+    assert out.returncode == 0, out.stderr
+    seen = dict(line.split("=", 1) for line in out.stdout.splitlines())
+    assert seen == {**{f"V{i}": str(i) for i in range(2000)}, "PWD": "/tmp"}
+
+
 def test_a_program_that_cannot_start_says_so_and_nothing_is_written_to_the_info_fd(program):
     code, err, info = run(program, *sandbox_part("/nonexistent/program"), info=True)
     assert code == 125 and "cannot execute /nonexistent/program" in err and info == ""

@@ -67,7 +67,6 @@
 #define MAX_GROUPS 64
 #define MAX_CGROUPS 16
 #define MAX_OPS 256
-#define MAX_ENV 512
 #define MAX_FILTER 65536 /* instructions: BPF_MAXINSNS is 4096; libseccomp's tree stays far below */
 
 static const char *stage = "sandloop-start";
@@ -249,7 +248,7 @@ struct op {
 };
 static struct op ops[MAX_OPS];
 static size_t nops = 0;
-static char *env[MAX_ENV + 1];
+static char **env; /* room for every --setenv, PWD and the NULL: argc + 2 */
 static size_t nenv = 0;
 static int clone_flags = 0, as_pid_1 = 0, new_session = 0, die_with_parent = 0, caps_dropped = 0;
 static int seccomp_fd = -1, info_fd = -1;
@@ -483,10 +482,6 @@ static void sandbox(int alive, char **program) {
         die("setsid");
     if (chdir(cwd) != 0)
         die("cannot change to %s", cwd);
-    if (nenv == MAX_ENV) {
-        errno = 0;
-        die("too many --setenv");
-    }
     size_t len = strlen("PWD=") + strlen(cwd) + 1; /* as bubblewrap sets it */
     char *pwd = malloc(len);
     if (!pwd)
@@ -546,10 +541,6 @@ static int parse_sandbox_op(char **argv, int i, int argc) {
         return i + 3;
     } else if (strcmp(o, "--setenv") == 0) {
         NEED(2);
-        if (nenv == MAX_ENV) {
-            errno = 0;
-            die("too many --setenv");
-        }
         size_t len = strlen(argv[i + 1]) + strlen(argv[i + 2]) + 2;
         char *pair = malloc(len);
         if (!pair)
@@ -591,6 +582,9 @@ static int parse_sandbox_op(char **argv, int i, int argc) {
 int main(int argc, char **argv) {
     int i = 1, user_done = 0;
     pid_t parent = getppid();
+    env = calloc((size_t)argc + 2, sizeof *env); /* each --setenv takes 3 arguments: never more */
+    if (!env)
+        die("calloc");
     /* the host part, in order, up to --user */
     while (i < argc && !user_done) {
         const char *o = argv[i];
