@@ -389,7 +389,7 @@ def render(result: dict[str, dict[str, float | str]], args: argparse.Namespace) 
     rows = sorted({k for v in result.values() for k in v}, key=lambda k: list(ORDER).index(k) if k in ORDER else 99)
     cols = list(result)
     out = [
-        f"### Docker, direct OCI with runc and with bwrap ({args.runtime}, print(1), {args.runs} runs each, "
+        f"### Docker, direct OCI with runc, bwrap and the C starter ({args.runtime}, print(1), {args.runs} runs each, "
         f"cold round-robin, the rest from a quiet start, {time.strftime('%Y-%m-%d')})",
         "",
         "| | " + " | ".join(cols) + " |",
