@@ -98,12 +98,14 @@ def test_the_program_runs_as_the_user_in_its_namespaces_and_its_status_comes_bac
 
 def test_the_environment_is_exactly_what_was_set_with_pwd_as_bubblewrap_sets_it(program):
     many = [a for i in range(2000) for a in ("--setenv", f"V{i}", str(i))]
+    many += ["--setenv", "V7", "again", "--setenv", "PWD", "/nowhere"]  # a later one wins, as in bubblewrap
     at = starter.PROBE.index("--")
     argv = [program, *starter.PROBE[:at], *many, "--chdir", "/tmp", "--", "/usr/bin/env"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={"LEAK": "1"})
     assert out.returncode == 0, out.stderr
     seen = dict(line.split("=", 1) for line in out.stdout.splitlines())
-    assert seen == {**{f"V{i}": str(i) for i in range(2000)}, "PWD": "/tmp"}
+    assert seen == {**{f"V{i}": str(i) for i in range(2000)}, "V7": "again", "PWD": "/tmp"}
+    assert len(out.stdout.splitlines()) == 2001
 
 
 def test_a_program_that_cannot_start_says_so_and_nothing_is_written_to_the_info_fd(program):

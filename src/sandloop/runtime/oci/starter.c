@@ -258,6 +258,17 @@ static const char *hostname = NULL, *cwd = "/";
 #define OLD "/oldroot"
 #define NEW "/newroot"
 
+/* NAME=VALUE into the environment, in place of an earlier NAME's (as setenv(3), as bubblewrap). */
+static void put_env(char *pair) {
+    size_t name = strcspn(pair, "=") + 1;
+    for (size_t i = 0; i < nenv; i++)
+        if (strncmp(env[i], pair, name) == 0) {
+            env[i] = pair;
+            return;
+        }
+    env[nenv++] = pair;
+}
+
 static void add_op(enum kind kind, const char *src, const char *dst) {
     if (nops == MAX_OPS || dst[0] != '/' || (src && src[0] != '/')) {
         errno = 0;
@@ -487,7 +498,7 @@ static void sandbox(int alive, char **program) {
     if (!pwd)
         die("malloc");
     snprintf(pwd, len, "PWD=%s", cwd);
-    env[nenv++] = pwd;
+    put_env(pwd);
     if (caps_dropped)
         drop_capabilities();
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
@@ -546,7 +557,7 @@ static int parse_sandbox_op(char **argv, int i, int argc) {
         if (!pair)
             die("malloc");
         snprintf(pair, len, "%s=%s", argv[i + 1], argv[i + 2]);
-        env[nenv++] = pair;
+        put_env(pair);
         return i + 3;
     } else {
         NEED(1);
