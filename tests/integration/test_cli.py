@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from sandloop.runner import default_root
+
 
 def sandloop(*args: str, input: bytes | None = None, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -170,6 +172,11 @@ def test_session_pause_resume_fork_and_snapshots_from_the_command_line():
         made.append(child)
         assert child.startswith("s-") and child != sid
         assert sandloop("session", "cell", child, "-c", "kept + 1").stdout.decode().strip() == "42"
+        later = sandloop("session", "fork", sid, "--paused").stdout.decode().strip()
+        made.append(later)
+        store = default_root().sessions  # made paused, for want of use: its first cell resumes it
+        assert later.startswith("s-") and store.paused(later) == "state" and store.idle_paused(later)
+        assert sandloop("session", "cell", later, "-c", "kept + 2").stdout.decode().strip() == "43"
         snap = sandloop("session", "snapshot", sid, "--name", "forty-one").stdout.decode().strip()
         assert snap.startswith("snap-")
         listed = sandloop("session", "snapshots", sid).stdout

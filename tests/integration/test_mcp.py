@@ -72,12 +72,17 @@ def test_mcp_over_stdio():
                 paused = await client.call_tool("session_pause", {"session_id": sid})
                 assert "kept its state" in _text(paused), _text(paused)  # runc: the picklable variables
                 [child] = _text(await client.call_tool("session_fork", {"session_id": sid})).split()  # resumes it
+                forked = await client.call_tool("session_fork", {"session_id": sid, "paused": True})
+                [later] = _text(forked).split()  # made paused: its first call resumes it
                 try:
                     await client.call_tool("session_cell", {"session_id": child, "code": "kept = 0"})
                     cell = await client.call_tool("session_cell", {"session_id": sid, "code": "kept + 1"})
                     assert "value: 42" in _text(cell)
+                    first = await client.call_tool("session_cell", {"session_id": later, "code": "kept + 2"})
+                    assert "value: 43" in _text(first), _text(first)
                 finally:
                     await client.call_tool("session_delete", {"session_id": child})
+                    await client.call_tool("session_delete", {"session_id": later})
             finally:
                 await client.call_tool("session_delete", {"session_id": sid})
 
