@@ -200,7 +200,18 @@ def test_over_the_http_api_an_idle_session_answers_its_next_cell_and_an_e2b_sand
             r = api.post(f"/v1/sessions/{sid}/cells", json={"code": "print(v)"})
             assert r.status_code == 200 and r.json()["stdout"] == "11\n", r.text
             assert api.get(f"/v1/sessions/{sid}").json()["paused"] is None
+            forked = api.post(f"/v1/sessions/{sid}/fork", json={"count": 2, "paused": True})
+            assert forked.status_code == 201, forked.text
+            kids = [k["id"] for k in forked.json()]
+            for kid in kids:  # made paused for want of use, the token's; the first cell resumes each
+                shown = api.get(f"/v1/sessions/{kid}").json()
+                assert shown["paused"] == "state" and shown["idle_paused"] is True, shown
+            r = api.post(f"/v1/sessions/{kids[0]}/cells", json={"code": "print(v + 1)"})
+            assert r.status_code == 200 and r.json()["stdout"] == "12\n", r.text
+            assert api.get(f"/v1/sessions/{kids[1]}").json()["paused"] == "state"
         finally:
             root.idle.idle_seconds = was
+            for kid in locals().get("kids", []):
+                api.delete(f"/v1/sessions/{kid}")
             api.delete(f"/v1/sessions/{sid}")
             api.delete(f"/sandboxes/{box}", headers={"X-API-Key": secret})
