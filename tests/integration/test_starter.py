@@ -5,12 +5,14 @@ test_bwrap.py (every test there runs for both); these start the host's own root 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -116,15 +118,16 @@ def test_a_program_that_cannot_start_says_so_and_nothing_is_written_to_the_info_
     assert code == 125 and "cannot bind /oldroot/nonexistent" in err and info == ""
 
 
-def test_a_killed_program_is_128_plus_its_signal(program):
+@contextlib.contextmanager
+def sleeping(program: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """The starter running ``sleep 300`` in its sandbox: it (the monitor) and the sandbox's pid."""
     r, w = os.pipe()
     argv = [program, *sandbox_part("/bin/sleep", "300")]
     argv[argv.index("--unshare-user") : argv.index("--unshare-user")] = ["--info-fd", str(w)]
     monitor = subprocess.Popen(argv, pass_fds=(w,))
     os.close(w)
     try:
-        os.kill(json.loads(os.read(r, 4096))["child-pid"], signal.SIGKILL)  # from outside: PID 1 ignores its own
-        assert monitor.wait(30) == 128 + signal.SIGKILL
+        yield monitor, json.loads(os.read(r, 4096))["child-pid"]
     finally:
         os.close(r)
         if monitor.poll() is None:
@@ -132,14 +135,14 @@ def test_a_killed_program_is_128_plus_its_signal(program):
             monitor.wait(30)
 
 
+def test_a_killed_program_is_128_plus_its_signal(program):
+    with sleeping(program) as (monitor, child):
+        os.kill(child, signal.SIGKILL)  # from outside: PID 1 ignores its own
+        assert monitor.wait(30) == 128 + signal.SIGKILL
+
+
 def test_the_sandbox_dies_with_its_monitor(program):
-    r, w = os.pipe()
-    argv = [program, *sandbox_part("/bin/sleep", "300")]
-    argv[argv.index("--unshare-user") : argv.index("--unshare-user")] = ["--info-fd", str(w)]
-    monitor = subprocess.Popen(argv, pass_fds=(w,))
-    os.close(w)
-    try:
-        child = json.loads(os.read(r, 4096))["child-pid"]
+    with sleeping(program) as (monitor, child):
         assert Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"/bin/sleep")
         monitor.send_signal(signal.SIGKILL)
         monitor.wait(30)
@@ -147,11 +150,6 @@ def test_the_sandbox_dies_with_its_monitor(program):
         while Path(f"/proc/{child}").exists() and b"sleep" in Path(f"/proc/{child}/cmdline").read_bytes():
             assert time.monotonic() < deadline, "the sandbox outlived its monitor"
             time.sleep(0.01)
-    finally:
-        os.close(r)
-        if monitor.poll() is None:
-            monitor.kill()
-            monitor.wait(30)
 
 
 def test_a_failed_start_leaves_no_process_cgroup_or_mount(program, tmp_path):

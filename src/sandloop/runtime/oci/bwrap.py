@@ -531,18 +531,30 @@ def start(
         os.write(block_w, b"go")
         return proc
     except BaseException as exc:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        remove(cgroups)
-        if isinstance(exc, OSError | ValueError):
-            raise SandboxError(f"could not start the bwrap sandbox: {exc}") from exc
+        abandon(proc, cgroups, exc, "the bwrap sandbox")
         raise
     finally:
-        for fd in (bpf, info_r, info_w, block_r, block_w):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        close_all(bpf, info_r, info_w, block_r, block_w)
+
+
+def abandon(proc: subprocess.Popen[bytes] | None, cgroups: Sequence[Path], exc: BaseException, what: str) -> None:
+    """What a failed start made goes (its process killed and waited for, its cgroups removed);
+    an ``OSError`` or ``ValueError`` is raised as a ``SandboxError`` about ``what``, anything else
+    is left for the caller to raise."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+    remove(cgroups)
+    if isinstance(exc, OSError | ValueError):
+        raise SandboxError(f"could not start {what}: {exc}") from exc
+
+
+def close_all(*fds: int) -> None:
+    """Close each descriptor still open (-1: closed already)."""
+    for fd in fds:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def tmpfs_data(mount: Mapping[str, Any] | None) -> str:

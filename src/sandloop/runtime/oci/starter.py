@@ -20,7 +20,6 @@ root, read-only); where it cannot be compiled or does not run, bwrap starts the 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 from collections.abc import Mapping
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sandloop.contract import SandboxError
-from sandloop.runtime.cgroup import Limits, plan_v1, remove
+from sandloop.runtime.cgroup import Limits, plan_v1
 from sandloop.runtime.oci import bwrap
 
 SOURCE = Path(__file__).with_name("starter.c")
@@ -142,15 +141,7 @@ def start(
         (bundle / "pid").write_text(str(child))
         return proc
     except BaseException as exc:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        remove(directories)
-        if isinstance(exc, OSError | ValueError):
-            raise SandboxError(f"could not start the sandbox: {exc}") from exc
+        bwrap.abandon(proc, directories, exc, "the sandbox")
         raise
     finally:
-        for fd in (bpf, info_r, info_w):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        bwrap.close_all(bpf, info_r, info_w)
