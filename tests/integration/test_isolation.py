@@ -190,23 +190,36 @@ def test_init_is_pid_1_and_reaps_zombies_and_kills_stragglers(limits):
     code = r"""
 import os, signal, subprocess, time
 print(open("/proc/1/cmdline").read().split("\0")[0])
-# an orphan that exits becomes a zombie unless PID 1 reaps it
+# an orphan that exits becomes a zombie unless PID 1 reaps it: waited for until it is gone (reaped)
+# or 20 s passed, not for a fixed time (CI under gVisor once took longer than the 0.5 s this slept)
+r, w = os.pipe()
 if os.fork() == 0:
-    if os.fork() == 0:
+    orphan = os.fork()
+    if orphan == 0:
         os._exit(0)
+    os.write(w, str(orphan).encode())
     os._exit(0)
 os.wait()
-time.sleep(0.5)
-states = [open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] for p in os.listdir("/proc") if p.isdigit()]
-print("zombies", states.count("Z"))
+orphan = int(os.read(r, 32))
+deadline = time.monotonic() + 20
+while os.path.exists(f"/proc/{orphan}") and time.monotonic() < deadline:
+    time.sleep(0.01)
+def state(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:  # exited and reaped between the listing and the read
+        return "gone"
+states = [state(p) for p in os.listdir("/proc") if p.isdigit()]
+print("zombies", states.count("Z"), "orphan reaped", not os.path.exists(f"/proc/{orphan}"))
 # a child that ignores SIGTERM must not keep the run alive after we exit
 stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 subprocess.Popen(["python3", "-c", stubborn])
 """
     r = _run(code, limits, timeout_seconds=30)
+    assert len(r.stdout.splitlines()) == 2, r
     init, zombies = r.stdout.splitlines()
     assert init == "/usr/bin/tini"
-    assert zombies == "zombies 0"
+    assert zombies == "zombies 0 orphan reaped True"
     assert r.exit_code == 0 and r.duration_seconds < 20
 
 
