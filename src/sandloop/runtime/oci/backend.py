@@ -402,32 +402,23 @@ class OCIBackend:
     def _launch_bwrap(
         self, config: dict[str, Any], rootfs: Path, bundle: Path, sandbox_id: str, spec: SandboxSpec
     ) -> DirectSandbox:
+        # the C starter where it runs here, else bubblewrap: the same description, the same place
         starter_path = self.starter()
-        bwrap_path = self._bwrap
+        if starter_path is not None:
+            starts = functools.partial(starter.start, starter=starter_path)
+        else:
+            assert self._bwrap is not None
+            starts = functools.partial(bwrap.start, bwrap=self._bwrap, exec_as=bwrap.exec_helper(self.helpers))
 
         def start(stdio: tuple[int, int, int]) -> subprocess.Popen[bytes]:
-            if starter_path is not None:
-                return starter.start(
-                    config,
-                    starter=starter_path,
-                    rootfs=rootfs,
-                    bundle=bundle,
-                    hostname_file=self.hostname_file(),
-                    cgroup_parent=CGROUP_PARENT,
-                    sandbox_id=sandbox_id,
-                    stdio=stdio,
-                )
-            assert bwrap_path is not None
-            return bwrap.start(
+            return starts(
                 config,
-                bwrap=bwrap_path,
                 rootfs=rootfs,
                 bundle=bundle,
                 hostname_file=self.hostname_file(),
                 cgroup_parent=CGROUP_PARENT,
                 sandbox_id=sandbox_id,
                 stdio=stdio,
-                exec_as=bwrap.exec_helper(self.helpers),
             )
 
         return start_on_pipes(start, sandbox_id, spec, BWRAP, bundle)
