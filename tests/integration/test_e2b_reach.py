@@ -143,6 +143,57 @@ def test_a_sandbox_without_public_traffic_needs_its_traffic_token(server):
         box.kill()
 
 
+def _takes_only_its_own_token(server: str, box: Sandbox, other_token: str) -> None:
+    """``box`` refuses its preview traffic without its traffic token, or with another sandbox's,
+    and serves it with its own."""
+    box.files.write("/home/user/index.html", f"served by {box.sandbox_id}")
+    box.commands.run("python3 -m http.server 8001", background=True, cwd="/home/user")
+    host = box.get_host(8001)
+    refused = _via_host(server, host)
+    assert refused.status_code == 403 and "traffic access token" in refused.json()["message"], refused.text
+    assert box.traffic_access_token and box.traffic_access_token != other_token
+    assert _via_host(server, host, headers={"e2b-traffic-access-token": other_token}).status_code == 403
+    r = _served(lambda: _via_host(server, host, headers={"e2b-traffic-access-token": box.traffic_access_token}))
+    assert (r.status_code, r.text) == (200, f"served by {box.sandbox_id}")
+
+
+def test_a_fork_of_a_sandbox_without_public_traffic_takes_none_either(server):
+    """Issue 52 finding 7: a fork came out public."""
+    box = Sandbox.create(timeout=300, network={"allow_public_traffic": False})
+    try:
+        forks = box.fork(count=1, timeout=300)
+        assert all(isinstance(f, Sandbox) for f in forks), forks
+        try:
+            _takes_only_its_own_token(server, forks[0], box.traffic_access_token)
+        finally:
+            forks[0].kill()
+    finally:
+        box.kill()
+
+
+def test_a_sandbox_from_a_snapshot_of_one_without_public_traffic_takes_none_either(server):
+    """Issue 52 finding 7: one made from its snapshot came out public, also once the source is
+    gone; a create that says ``allow_public_traffic`` still decides."""
+    box = Sandbox.create(timeout=300, network={"allow_public_traffic": False})
+    try:
+        snap = box.create_snapshot()
+    finally:
+        box.kill()
+    try:
+        other = Sandbox.create(snap.snapshot_id, timeout=300)
+        try:
+            _takes_only_its_own_token(server, other, box.traffic_access_token)
+        finally:
+            other.kill()
+        public = Sandbox.create(snap.snapshot_id, timeout=300, network={"allow_public_traffic": True})
+        try:
+            assert _via_host(server, public.get_host(8001)).status_code == 502  # let in; nothing listens
+        finally:
+            public.kill()
+    finally:
+        Sandbox.delete_snapshot(snap.snapshot_id)
+
+
 LISTENING = (
     "for i in $(seq 300); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8000))' "
     "2>/dev/null && exit 0; sleep 0.1; done; exit 1"

@@ -67,18 +67,19 @@ def _asks_for(value: Any) -> bool:
     return bool(value)
 
 
-def _public_traffic(body: dict[str, Any]) -> bool:
-    """``network.allowPublicTraffic`` (default true, as E2B's), taken out of the body: the rest of
-    ``network`` is refused as before."""
+def _public_traffic(body: dict[str, Any]) -> bool | None:
+    """``network.allowPublicTraffic`` taken out of the body (None: not said; a new sandbox is then
+    public, as E2B's, and one from a snapshot is as its source was): the rest of ``network`` is
+    refused as before."""
     network = body.get("network")
     if not isinstance(network, dict):
-        return True
+        return None
     network = dict(network)
     public = network.pop("allowPublicTraffic", network.pop("allow_public_traffic", None))
     if public is not None and not isinstance(public, bool):
         raise E2BError(400, "network.allowPublicTraffic must be true or false")
     body["network"] = network
-    return True if public is None else public
+    return public
 
 
 def _strings(value: Any, name: str) -> dict[str, str]:
@@ -157,7 +158,7 @@ def control_routes(e2b: E2B) -> APIRouter:
             on_timeout = "pause-files" if body.get("autoPauseMemory") is False else "pause"
         auto_resume = _asks_for(body.get("autoResume"))
         if template.startswith("snap-"):  # a snapshot of one of this key's sandboxes
-            return from_snapshot(token, template, body, on_timeout, auto_resume)
+            return from_snapshot(token, template, body, on_timeout, auto_resume, public)
         own: str | None = None  # a template this key built (or the operator did), else the runtime image
         if template.split(":")[0] not in TEMPLATES:
             try:
@@ -199,14 +200,16 @@ def control_routes(e2b: E2B) -> APIRouter:
                 disk_mb=quota // 2**20,
             )
             api_registry.set_lifecycle(s.id, on_timeout, auto_resume)
-            api_registry.set_public_traffic(s.id, public)
+            api_registry.set_public_traffic(s.id, public is not False)
             s.close()
         return sandbox_json(box)
 
     def from_snapshot(
-        token: Any, snapshot_id: str, body: dict[str, Any], on_timeout: str, auto_resume: bool
+        token: Any, snapshot_id: str, body: dict[str, Any], on_timeout: str, auto_resume: bool, public: bool | None
     ) -> dict[str, Any]:
-        """A sandbox started from a snapshot (E2B's snapshots are templates: ``Sandbox.create(id)``)."""
+        """A sandbox started from a snapshot (E2B's snapshots are templates: ``Sandbox.create(id)``).
+        It takes public traffic as its create says, else as its source did (issue 52 finding 7:
+        a snapshot of a sandbox that took none made one that took any)."""
         from sandloop.sessions.session import Session
 
         try:
@@ -216,10 +219,15 @@ def control_routes(e2b: E2B) -> APIRouter:
         if snap is None or snap.owner != token.id:
             raise E2BError(404, f"template '{snapshot_id}' not found (no snapshot of that id is this key's)")
         source = api_registry.get(snap.session_id)
+        if public is None:  # the source's (kept with the snapshot: the source may be gone)
+            public = not api_registry.snapshot_private(snap.id) and (
+                source is None or api_registry.public_traffic(source.sandbox_id)
+            )
         timeout = _timeout(body.get("timeout"), DEFAULT_TIMEOUT)
         with api.rates.use(token), api.session_lock:
             check_session_room(token, [r.quota_bytes for r in api.live_sessions(token)], snap.quota_bytes)
             s = Session.from_snapshot(snap.id, ttl=timeout + TTL_MARGIN, root=api.root)
+            api_registry.set_public_traffic(s.id, public)
             box = register(token, s, snapshot_id, timeout, source, body)
             api_registry.set_lifecycle(s.id, on_timeout, auto_resume)
         return sandbox_json(box)
@@ -286,6 +294,8 @@ def control_routes(e2b: E2B) -> APIRouter:
                     token, [r.quota_bytes for r in api.live_sessions(token)], api.root.snapshots.total_bytes(token.id)
                 )
                 snap = e2b.session(sandbox_id).snapshot(name, owner=token.id)
+                if not api_registry.public_traffic(sandbox_id):
+                    api_registry.keep_snapshot_private(snap.id)
             return snapshot_json(snap)
 
         return await run_in_threadpool(work)
@@ -317,6 +327,9 @@ def control_routes(e2b: E2B) -> APIRouter:
                 for child in children:
                     child.record.ttl_seconds = timeout + TTL_MARGIN
                     api.root.sessions.save(child.record)
+                    # as its source, from before it is anyone's (issue 52 finding 7: a fork of one
+                    # that took no public traffic took any); its traffic token is its own (an HMAC of its id)
+                    api_registry.set_public_traffic(child.id, api_registry.public_traffic(sandbox_id))
                     box = register(token, child, source.template, timeout, source, {})
                     api_registry.set_lifecycle(child.id, *api_registry.lifecycle(sandbox_id))
                     out.append({"sandbox": sandbox_json(box)})

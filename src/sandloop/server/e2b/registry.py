@@ -42,6 +42,9 @@ CREATE TABLE IF NOT EXISTS e2b_lifecycle (
 CREATE TABLE IF NOT EXISTS e2b_private (
     sandbox_id TEXT PRIMARY KEY
 );
+CREATE TABLE IF NOT EXISTS e2b_private_snapshots (
+    snapshot_id TEXT PRIMARY KEY
+);
 """
 
 
@@ -188,6 +191,21 @@ class Registry:
         with self._lock:
             row = self._db.execute("SELECT 1 FROM e2b_private WHERE sandbox_id = ?", (sandbox_id,)).fetchone()
         return row is None
+
+    def keep_snapshot_private(self, snapshot_id: str) -> None:
+        """A snapshot of a sandbox that takes no public traffic: a sandbox made from it takes none
+        either (unless its create says otherwise), even once the source is killed. Rows are not
+        removed with the snapshot: one short row each, and a snapshot id is never reused."""
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO e2b_private_snapshots VALUES (?)", (snapshot_id,))
+            self._db.commit()
+
+    def snapshot_private(self, snapshot_id: str) -> bool:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM e2b_private_snapshots WHERE snapshot_id = ?", (snapshot_id,)
+            ).fetchone()
+        return row is not None
 
     def set_end(self, sandbox_id: str, end_at: float) -> None:
         with self._lock:
