@@ -18,11 +18,12 @@ while bwrap waits on ``--block-fd`` (its child made, namespaces set up, the prog
   ``no_new_privs`` is set by bwrap.
 - **files**: the image's rootfs read-only; a new /proc with Docker's masked paths masked and
   ``/proc/{sys,sysrq-trigger,irq,bus}`` read-only (bwrap's own), ``/proc/fs`` masked; bwrap's
-  minimal /dev (null, zero, full, random, urandom, tty, pts); /dev/mqueue; /tmp and /dev/shm as
-  host tmpfs mounts with the config's size, inode cap, mode and ``noexec,nosuid,nodev``
-  (``runtime/tmpfs.py``); /etc/hostname; /sys is an empty read-only tmpfs but for
-  ``/sys/devices/system/cpu`` and the sandbox's own cgroups at ``/sys/fs/cgroup/<controller>``
-  (read-only, as Docker shows them): stricter than Docker's read-only sysfs.
+  minimal /dev (null, zero, full, random, urandom, tty, pts), read-only once made; /dev/mqueue;
+  /tmp and /dev/shm as host tmpfs mounts with the config's size, inode cap, mode and
+  ``noexec,nosuid,nodev`` (``runtime/tmpfs.py``); /etc/hostname; /sys is an empty read-only
+  tmpfs but for ``/sys/devices/system/cpu`` and the sandbox's own cgroups at
+  ``/sys/fs/cgroup/<controller>`` (read-only, as Docker shows them): stricter than Docker's
+  read-only sysfs.
 - **limits**: memory+swap, CPU quota, pids in cgroups the host makes (``runtime/cgroup.py``),
   joined by ``exec_as`` itself before it becomes bwrap (so bwrap's own process, its setup's
   kernel memory and one pid count against them, as runc's init does), or where there is no
@@ -259,6 +260,11 @@ def argv(
         "--bind",
         str(shm),
         "/dev/shm",
+        # bwrap's /dev is a tmpfs of the user's (run as 65534, it mounts it as that uid) and
+        # writable, half the RAM (12 GiB here): read-only once what goes under it is made, as the
+        # starter's is (issue 52, finding 8); its devices, pts, shm and mqueue are their own mounts
+        "--remount-ro",
+        "/dev",
         "--bind",
         str(tmp),
         "/tmp",
