@@ -171,7 +171,8 @@ def create_app(
     app.include_router(session_routes(api))
     app.include_router(snapshot_routes(api))
     app.include_router(template_routes(api))
-    app.include_router(terminal_routes(api, TerminalTable()))
+    app.state.terminals = TerminalTable()  # this server's terminals (and their channels), by session
+    app.include_router(terminal_routes(api, app.state.terminals))
     e2b = mount_e2b(app, api, preview_domain)  # E2B's SDKs: the control plane here, sandbox traffic split off
     app.state.preview, app.state.e2b = Preview(api, e2b, preview_domain), e2b
     # An E2B sandbox pauses at its own timeout (E2B's lifecycle), never for idleness.

@@ -16,10 +16,12 @@ import datetime
 import hashlib
 import hmac
 import json
+import logging
 import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ from typing import Any
 from sandloop.contract import parse_size
 from sandloop.contract.egress import ANY, normalize_rule
 from sandloop.paths import default_home
+
+log = logging.getLogger("sandloop.server")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tokens (
@@ -65,6 +69,12 @@ _ADDED_COLUMNS = {
     "provider_urls": "TEXT NOT NULL DEFAULT '[]'",
     "egress": "TEXT NOT NULL DEFAULT '[]'",
 }
+
+
+#: Seconds between looks for a revocation by another process (``sandloop tokens revoke`` writes
+#: the database this server reads), while anything listens (``TokenStore.on_revoke``). A look is
+#: one ``PRAGMA data_version``, and a query only when another connection committed.
+REVOKE_POLL = 1.0
 
 
 class TokenError(ValueError):
@@ -148,6 +158,11 @@ class TokenStore:
             if column not in have:
                 self._db.execute(f"ALTER TABLE tokens ADD COLUMN {column} {decl}")
         self._db.commit()
+        self._listeners: dict[object, Callable[[str], None]] = {}
+        self._listeners_lock = threading.Lock()
+        self._poller: threading.Thread | None = None
+        self._seen_revoked: set[str] = set()
+        self._seen_version = 0
 
     @staticmethod
     def _token(row: sqlite3.Row) -> Token:
@@ -214,7 +229,67 @@ class TokenStore:
                 return None
             self._db.execute("UPDATE tokens SET revoked = ? WHERE id = ?", (time.time(), row["id"]))
             self._db.commit()
+            self._seen_revoked.add(row["id"])
+        self._revoked(row["id"])
         return self._token(row)
+
+    # -- who hears of a revocation -------------------------------------------------------------
+    def on_revoke(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Calls ``callback(token_id)`` when a token is revoked: at once (on the revoking thread)
+        by this store's ``revoke``, within ``REVOKE_POLL`` seconds (on a poller thread) by another
+        process's. What a revoked token holds open (a terminal's stream, a preview's connection)
+        ends there: the token was checked when it opened, and never again. Keep ``callback``
+        short; it may be called twice for one token. Returns what stops the calls; the poller runs
+        only while someone listens."""
+        key = object()
+        with self._listeners_lock:
+            self._listeners[key] = callback
+            if self._poller is None:
+                self._look()  # what was revoked until now, before this returns: none later is missed
+                self._poller = threading.Thread(target=self._poll, name="sandloop-revocations", daemon=True)
+                self._poller.start()
+
+        def off() -> None:
+            with self._listeners_lock:
+                self._listeners.pop(key, None)
+
+        return off
+
+    def _look(self) -> set[str]:
+        """Tokens revoked since the last look (by another connection: this one's own ``revoke``
+        notes its own)."""
+        with self._lock:
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            if version == self._seen_version:
+                return set()
+            self._seen_version = version
+            revoked = {r[0] for r in self._db.execute("SELECT id FROM tokens WHERE revoked IS NOT NULL")}
+            new = revoked - self._seen_revoked
+            self._seen_revoked |= revoked
+        return new
+
+    def _poll(self) -> None:
+        stop = threading.Event()
+        while not stop.wait(REVOKE_POLL):
+            with self._listeners_lock:
+                if not self._listeners:
+                    self._poller = None
+                    return
+            try:
+                new = self._look()
+            except sqlite3.Error:  # a busy or locked database: looked at again next time
+                continue
+            for token_id in new:
+                self._revoked(token_id)
+
+    def _revoked(self, token_id: str) -> None:
+        with self._listeners_lock:
+            listeners = list(self._listeners.values())
+        for callback in listeners:
+            try:
+                callback(token_id)
+            except Exception:  # noqa: BLE001 - one listener's failure must not keep the others from hearing
+                log.warning("a revocation listener failed for %s", token_id, exc_info=True)
 
     # -- which token owns which session -------------------------------------------------------
     def own(self, session_id: str, token_id: str) -> None:

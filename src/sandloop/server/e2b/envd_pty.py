@@ -11,10 +11,12 @@ import base64
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from starlette.concurrency import run_in_threadpool
+
 from sandloop.runtime.reach.mux import ReachError, Terminal
 from sandloop.server.e2b.connect import ConnectError
 from sandloop.server.e2b.envd_shapes import signal_name
-from sandloop.server.terminals import TerminalTable, follow
+from sandloop.server.terminals import Held, TerminalTable, TokenRevoked, follow
 
 if TYPE_CHECKING:
     from sandloop.server.e2b.service import E2B
@@ -54,28 +56,37 @@ class Ptys(TerminalTable):
         self._running(sandbox_id, pid).send(raw)
 
     def _running(self, sandbox_id: str, pid: int) -> Terminal:
-        term = self.get(sandbox_id, pid)
-        if term is None or term.exit_code is not None:
+        term = self.running(sandbox_id, pid)
+        if term is None:
             raise ConnectError("not_found", f"no terminal with pid {pid} runs in sandbox {sandbox_id}")
         return term
 
     async def events(self, sandbox_id: str, term: Terminal, started: bool) -> AsyncIterator[dict[str, Any]]:
-        """envd's events of one terminal: its start, what it shows, its end."""
+        """envd's events of one terminal: its start, what it shows, its end. The stream ends
+        (unauthenticated) once the key that made the sandbox is revoked."""
         if started:
             yield {"event": {"start": {"pid": term.pid}}}
+        held = self.held(sandbox_id, term.pid)
+        if held is None or held.term is not term:  # forgotten since (its sandbox went): what it left
+            held = Held(sandbox_id, term, {})
+        box = await run_in_threadpool(self.e2b.registry.get, sandbox_id)
+        tokens, token_id = self.e2b.api.tokens, None if box is None else box.token_id
         try:
-            async for kind, value in follow(term, KEEPALIVE):
+            async for kind, value in follow(held, KEEPALIVE, tokens=tokens, token_id=token_id):
                 if kind == "data":
                     yield {"event": {"data": {"pty": base64.b64encode(value).decode()}}}
                 elif kind == "keepalive":
                     yield {"event": {"keepalive": {}}}
                 else:
-                    self.ended(sandbox_id, term.pid)
                     code = int(value)
                     status = f"exit status {code}" if code >= 0 else f"signal: {signal_name(-code)}"
                     yield {
                         "event": {"end": {"exitCode": code if code >= 0 else -1, "exited": code >= 0, "status": status}}
                     }
+        except TokenRevoked:
+            raise ConnectError(
+                "unauthenticated", f"the key that made sandbox {sandbox_id} was revoked: its terminal streams ended"
+            ) from None
         except (TimeoutError, ReachError) as exc:
             raise ConnectError("unavailable", f"terminal {term.pid} ended: {exc}") from None
 
