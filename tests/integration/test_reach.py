@@ -220,14 +220,25 @@ def test_preview_urls_by_host_and_by_path_with_their_access(server):
 
             r = _until_served(lambda: client.get("/hello.txt", headers={"Host": host, **auth}))
             assert (r.status_code, r.text) == (200, "previewed\n")
-            r = client.get(f"/sandboxes/{sid}/ports/8000/hello.txt", headers=auth)  # the path form
+            # the path form is never served on the API's origin: a redirect to the host form
+            r = client.get(f"/sandboxes/{sid}/ports/8000/hello.txt?a=1", headers=auth)
+            assert r.status_code == 307, r.text
+            assert r.headers["location"] == f"http://{host}/hello.txt?a=1"
+            # a token once in the query (a browser's first visit): a redirect to the URL without it,
+            # and a cookie for this preview that is not the token
+            r = client.get(f"/hello.txt?b=2&sandloop_token={mine}", headers={"Host": host})
+            assert r.status_code == 307 and r.headers["location"] == "/hello.txt?b=2", r.text
+            assert r.headers["referrer-policy"] == "no-referrer"
+            cookie = r.headers["set-cookie"]
+            assert "sandloop_preview=" in cookie and mine not in cookie and "HttpOnly" in cookie
+            key = cookie.split(";")[0].split("=", 1)[1]
+            r = client.get("/hello.txt", headers={"Host": host, "Cookie": f"sandloop_preview={key}"})
             assert (r.status_code, r.text) == (200, "previewed\n")
-            # on the API's origin, a page is its own opaque origin (no reading the playground's token)
-            assert r.headers["content-security-policy"].startswith("sandbox allow-scripts")
-            # a token once in the query (a browser's first visit) becomes a cookie for the preview
-            r = client.get(f"/sandboxes/{sid}/ports/8000/hello.txt?sandloop_token={mine}")
-            assert r.status_code == 200 and "sandloop_preview=" in r.headers["set-cookie"]
-            assert f"Path=/sandboxes/{sid}/ports/8000" in r.headers["set-cookie"]
+            other_port = client.get(
+                "/", headers={"Host": f"8001-{sid}.localhost:{port}", "Cookie": f"sandloop_preview={key}"}
+            )
+            assert other_port.status_code == 401  # the key is for port 8000 only
+            client.cookies.clear()  # (httpx kept it as a browser would)
 
             refused = client.get("/hello.txt", headers={"Host": host})
             assert refused.status_code == 401 and "send a token that owns it" in refused.json()["message"]
@@ -239,14 +250,10 @@ def test_preview_urls_by_host_and_by_path_with_their_access(server):
             gone = client.get("/", headers={"Host": f"8000-nosuchsandbox.localhost:{port}", **auth})
             assert gone.status_code == 404
 
-            # the API is still the API on the same port, after previews on the same connection
+            # the API is still the API on the same port (test_preview_security.py: one preview a connection)
             assert client.get(f"/v1/sessions/{sid}", headers=auth).status_code == 200
-
-            # a WebSocket through both forms: the relay carries the upgrade as it is
-            for path, h in (
-                (f"/sandboxes/{sid}/ports/8001/ws", f"127.0.0.1:{port}"),
-                ("/ws", f"8001-{sid}.localhost:{port}"),
-            ):
+            # a WebSocket: the relay carries the upgrade, then the bytes as they are
+            for path, h in (("/ws", f"8001-{sid}.localhost:{port}"),):
                 with socket.create_connection(("127.0.0.1", int(port)), timeout=30) as sock:
                     answer, echoed = _ws_roundtrip(sock, _ws_head(path, h, f"Authorization: Bearer {mine}\r\n"), b"hi")
                 assert answer.startswith(b"HTTP/1.1 101"), answer

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -198,20 +200,79 @@ def _flood_server() -> int:
     return listener.getsockname()[1]
 
 
-def test_a_flood_nobody_reads_is_capped_then_closed(reach, monkeypatch):
-    """A sandbox's server that never stops writing, to a reader that never reads: the host holds
-    at most BUFFER bytes of it, and the channel is closed once STALL passed (the agent's other
-    channels go on)."""
-    monkeypatch.setattr(mux, "BUFFER", 256 * 1024)
-    monkeypatch.setattr(mux, "STALL", 1.0)
+def test_a_flood_nobody_reads_stops_at_its_window_and_holds_no_other_channel(reach):
+    """A sandbox's server that never stops writing, to a reader that never reads: the agent stops
+    reading that socket once WINDOW bytes are not yet taken here (the host holds no more, and its
+    reader never waits for this channel); the other channels go on; taking gives credit and the
+    flood flows again."""
     channel = reach.connect(_flood_server())
-    deadline = time.monotonic() + 30
-    while not channel.ended and time.monotonic() < deadline:
-        assert channel._held <= mux.BUFFER + 65536  # one frame past the cap, at most
-        time.sleep(0.05)
-    assert channel.ended and "nobody read its output" in channel.why
+    deadline = time.monotonic() + 60
+    while channel._held < mux.WINDOW and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert channel._held >= mux.WINDOW
     term = reach.terminal(cmd=["/bin/echo", "still-served"], cwd="/")  # the agent still serves
     assert b"still-served" in read_until(term, b"still-served")
+    assert channel._held <= mux.WINDOW + 65536  # one read past the window, at most
+    assert not channel.ended
+    data, _ = channel.take()  # credit: the agent reads the socket again
+    assert len(data) >= mux.WINDOW
+    assert channel.recv(20)
+    channel.close()
+
+
+def test_input_nobody_reads_fills_only_its_own_window(reach):
+    """Input to a server that reads nothing: ``offer`` never waits and says when the window is
+    full, ``send`` gives up after its timeout with the reason, and another connection is served
+    meanwhile (issue 52 finding 3: one upload froze the server and the sandbox's way in)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    held = []
+    threading.Thread(target=lambda: held.append(listener.accept()), daemon=True).start()
+    stuck = reach.connect(listener.getsockname()[1])
+    offers = 0
+    while stuck.offer(b"u" * 65536):
+        offers += 1
+        assert offers < 10_000  # the window closes: the agent credits only what the socket took
+    started = time.monotonic()
+    port, server = _echo_server()
+    other = reach.connect(port)
+    other.send(b"ping")
+    assert read_until(other, b"PING") == b"PING"
+    other.close()
+    with pytest.raises(ReachError, match="read none of its input for 1 s"):
+        # the socket's buffers fill, then the agent's window: no credit comes
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            stuck.send(b"u" * 65536, timeout=1)
+    assert time.monotonic() - started < 150
+    stuck.close()
+    listener.close()
+
+
+def test_a_connect_that_hangs_holds_no_other_channel(reach):
+    """A port whose backlog is full answers no SYN: the agent's connect to it waits (up to its
+    timeout) without holding its loop, so another connection opens meanwhile (issue 52
+    finding 6: every channel waited 10 s per stuck port)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    for _ in range(4):  # the backlog full: later SYNs are dropped, a connect hangs
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(listener.getsockname())
+        fillers.append(s)
+    stuck = reach.begin_connect(listener.getsockname()[1])
+    port, _ = _echo_server()
+    other = reach.connect(port)
+    assert not stuck.answered  # still connecting while the other one opened
+    other.send(b"x")
+    assert read_until(other, b"X") == b"X"
+    other.close()
+    stuck.close()
+    for s in fillers + [listener]:
+        s.close()
 
 
 def test_a_terminal_nobody_watches_keeps_its_last_output(reach, monkeypatch):
@@ -273,15 +334,53 @@ def test_input_a_server_does_not_read_yet_waits_whole(reach):
     channel.close()
 
 
+def _ends_within(pid: int, seconds: float) -> bool:
+    """Whether the process ends within ``seconds``: watched through a pidfd taken now (pid numbers
+    wrap within minutes on a busy host: pid_max is 32768 here)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], seconds)[0])
+    finally:
+        os.close(fd)
+
+
 def test_a_closed_terminals_process_is_hung_up_and_reaped(reach):
     term = reach.terminal(cmd=["/bin/sleep", "600"], cwd="/")
-    pid = term.pid
-    term.close()
-    deadline = time.monotonic() + 20
-    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-        time.sleep(0.05)  # gone: not even a zombie of the agent's
-    assert not os.path.exists(f"/proc/{pid}")
+    term.close()  # at once: its child may not have its own session yet
+    assert _ends_within(term.pid, 20)
     assert reach.terminal(cmd=["/bin/echo", "next"], cwd="/").wait(20) == 0
+
+
+def test_a_terminal_that_ignores_its_hangup_is_killed(reach):
+    """A program that ignores SIGHUP (as everything started under nohup did: the agent passed
+    its ignored SIGHUP on; a fresh clone's CI found such a ``sleep 600`` reparented to init) is
+    killed KILL_AFTER seconds after its terminal is closed."""
+    term = reach.terminal(cmd=["/bin/sh", "-c", "trap '' HUP; echo ready; exec sleep 600"], cwd="/")
+    assert b"ready" in read_until(term, b"ready")
+    term.close()
+    assert _ends_within(term.pid, 30)
+
+
+def test_a_terminal_started_by_an_agent_that_ignores_sighup_still_hangs_up(tmp_path):
+    argv = [*mux.AGENT_ARGV]
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        bufsize=0,
+        cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # as under nohup
+    )
+    made = Reach(ProcessStream(process))
+    try:
+        term = made.terminal(cmd=["/bin/sleep", "600"], cwd="/")
+        term.close()
+        assert _ends_within(term.pid, 20)
+    finally:
+        made.close()
 
 
 def _one_shot_server(answer: Callable[[socket.socket], None]) -> int:
@@ -329,3 +428,62 @@ def test_a_request_reads_a_whole_answer_and_caps_a_hostile_one(reach):
     while reach.open_count() and time.monotonic() < deadline:  # each channel closed (the forget is sent)
         time.sleep(0.05)
     assert reach.open_count() == 0
+
+
+#: A stand-in for an agent whose stream the sandbox's code took over: it reads the agent's source
+#: and the first frame, then answers with ``FORGED`` (a Python expression of bytes; ``number`` is
+#: the first frame's channel).
+_FORGER = r"""
+import os, struct, sys, time
+def take(n):
+    got = b""
+    while len(got) < n:
+        chunk = os.read(0, n - len(got))
+        if not chunk:
+            sys.exit(0)
+        got += chunk
+    return got
+take(int(take(10)))
+kind, number, length = struct.unpack(">BII", take(9))
+take(length)
+os.write(1, FORGED)
+time.sleep(60)
+"""
+
+
+def _forged_reach(forged: str) -> Reach:
+    code = _FORGER.replace("FORGED", forged)
+    process = subprocess.Popen(["python3", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    return Reach(ProcessStream(process))
+
+
+@pytest.mark.parametrize(
+    ("forged", "why"),
+    [
+        # a length of 2 GiB: the host used to buffer up to it (98 -> 1,617 MiB in 12 s)
+        ("struct.pack('>BII', 3, number, 2**31 - 1)", "a frame of 2147483647 bytes"),
+        # an answer that does not parse: the host's reader thread died, every channel waited
+        ("struct.pack('>BII', 8, number, 5) + b'[1, 2'", "broke the protocol"),
+        ("struct.pack('>BII', 8, number, 3) + b'[1]'", "not an object"),
+        ("struct.pack('>BII', 99, number, 3) + b'abc'", "unknown kind 99"),
+        # output far past the channel's window
+        ("b''.join(struct.pack('>BII', 3, number, 65536) + b'x' * 65536 for _ in range(16))", "past its window"),
+    ],
+)
+def test_forged_frames_end_the_reach_with_the_reason(forged, why):
+    """What the agent sends is untrusted (issue 52 finding 4): a forged frame ends the reach
+    (every channel told why, the agent's process stopped), never the server's memory or its
+    reader thread."""
+    reach = _forged_reach(forged)
+    try:
+        channel = reach.begin_connect(80)
+        deadline = time.monotonic() + 30
+        while reach.alive and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not reach.alive
+        assert channel.answered and why in channel.why, channel.why
+        with pytest.raises(ReachError, match="agent is gone"):
+            reach.connect(80)
+        assert _ends_within(reach.stream.process.pid, 30)  # the forger's stream was closed
+    finally:
+        reach.close()

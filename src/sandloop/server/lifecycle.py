@@ -59,6 +59,8 @@ def serve_forever(
 
     raise_open_files()
     cert, key = tls or (None, None)
+    if preview is not None and tls:
+        preview.scheme = "https"
     uvicorn.run(
         app,
         host=host,
@@ -90,7 +92,14 @@ def http_protocol(seconds: float = HEAD_TIMEOUT_SECONDS, preview: Preview | None
         _head = b""
 
         def data_received(self, data: bytes) -> None:
-            if preview is not None and self.conn.their_state is h11.IDLE and not self._head_pending():
+            # (not while h11 holds part of a head: a pipelined request's first bytes were dropped
+            # when the next packet looked like a preview's head, issue 52 finding 10)
+            if (
+                preview is not None
+                and self.conn.their_state is h11.IDLE
+                and not self._head_pending()
+                and not self.conn.trailing_data[0]
+            ):
                 # at a request's start: a preview's head hands the connection over (server/preview.py)
                 data, self._head = self._head + data, b""
                 end = data.find(b"\r\n\r\n")

@@ -1,40 +1,65 @@
 """Preview URLs: HTTP and WebSocket traffic to a port a sandbox's code listens on, through the
 server's own port.
 
-Two forms, both read from a request's head before the API sees it (``lifecycle.py``'s protocol
-hands such a connection over whole, so WebSocket upgrades and streaming need nothing more):
+Sandbox content is never served on the API's origin (issue 52 finding 1: a page served by path
+on the API's origin read the playground's token, three ways past a CSP header patched into its
+answer). Two forms, both read from a request's head before the API sees it (``lifecycle.py``'s
+protocol hands such a connection over whole):
 
 - by host, as E2B's ``get_host``: ``<port>-<sandbox id>.<domain>`` (default domain
-  ``localhost``: browsers resolve every ``*.localhost`` to loopback), any path;
-- by path, for pages on the API's own origin: ``/sandboxes/<id>/ports/<port>/<rest>`` is
-  ``/<rest>`` inside (one request per connection: each head is rewritten).
+  ``localhost``: browsers resolve every ``*.localhost`` to loopback), any path: an origin of its
+  own per sandbox and port. This is the only form that reaches a sandbox;
+- by path, ``/sandboxes/<id>/ports/<port>/<rest>``: answered with a redirect to the host form
+  (the query kept), never relayed.
 
-Access: a token that owns the session (``Authorization: Bearer``, or ``?sandloop_token=`` once,
-which is then kept in a cookie scoped to that preview), or the E2B sandbox's traffic access
-token (``e2b-traffic-access-token``); an E2B sandbox is public unless it was created with
+A relayed connection serves exactly one preview target, and both directions are parsed as HTTP
+with h11 (one ``h11.Connection`` facing the client, one facing the sandbox), never patched as
+bytes: each request is re-serialized with the owner's credentials taken out (``Authorization``
+and ``X-API-Key`` holding a sandloop key, the preview cookie, ``e2b-traffic-access-token``,
+``?sandloop_token=``: issue 52 finding 2), a request for another host on the same connection is
+refused (421), and after a WebSocket's (or any) ``101`` the bytes go through as they are.
+
+Access: a token that owns the session (``Authorization: Bearer``), or, in a browser,
+``?sandloop_token=`` once: that visit is answered with a redirect to the same URL without it
+(``Referrer-Policy: no-referrer``) and a cookie whose value is a key for that sandbox and port
+only (an HMAC under this server's secret, naming the token: never the token itself, void when
+the token is revoked or the server restarts); or the E2B sandbox's traffic access token
+(``e2b-traffic-access-token``); an E2B sandbox is public unless it was created with
 ``network.allow_public_traffic = false``, as E2B's are. A paused E2B sandbox with auto-resume
-wakes on its first request. Bounded: ``MAX_CONNECTIONS`` per sandbox (the agent's channels),
-``IDLE`` seconds without a byte either way, ``MAX_BYTES`` per connection; a closed port
-answers 502 with a body that says so.
+wakes on its first request.
+
+Bounded: ``MAX_CONNECTIONS`` per sandbox (the agent's channels), of which visitors without the
+owner's token (a public E2B sandbox's) hold at most ``ANONYMOUS_SHARE`` and open at most
+``ANONYMOUS_OPENS`` a second (burst ``ANONYMOUS_BURST``); ``IDLE`` seconds without a byte either
+way; ``MAX_BYTES`` per connection; a relay whose token is revoked ends within ``RECHECK``
+seconds (revocation may come from another process: ``sandloop tokens revoke``). The open never
+waits on a thread for the agent, and the client's reading pauses while its channel's window is
+full (issue 52 finding 3: one 17 MiB upload into a server that read nothing froze the whole
+server for 60 s). A closed port answers 502 with a body that says so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import re
+import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode
 
+import h11
 from starlette.concurrency import run_in_threadpool
 
 from sandloop.contract import SandboxError
-from sandloop.runtime.reach.mux import BUFFER, Channel, PortClosed, ReachError
+from sandloop.runtime.reach.mux import MAX_CHANNELS, WINDOW, Channel, PortClosed, Reach, ReachError
 from sandloop.sessions.session_reach import live_reach
 
 if TYPE_CHECKING:
@@ -49,12 +74,20 @@ HOST_FORM = re.compile(r"^(\d{1,5})-([A-Za-z0-9_-]{1,64})\.(.+?)(:\d+)?$")
 PATH_FORM = re.compile(r"^/sandboxes/([A-Za-z0-9_-]{1,64})/ports/(\d{1,5})(/[^?]*)?(\?.*)?$")
 #: The longest preview request head (h11's own limit for the API's: a longer one is the API's to refuse).
 MAX_HEAD = 16 * 1024
+#: The longest answer head a sandbox's server may send.
+MAX_ANSWER_HEAD = 64 * 1024
 IDLE = 300.0
 MAX_BYTES = 1 << 30
+MAX_CONNECTIONS = MAX_CHANNELS
+ANONYMOUS_SHARE = 16
+ANONYMOUS_OPENS = 20.0
+ANONYMOUS_BURST = 40.0
+RECHECK = 5.0
 TOKEN_PARAM = "sandloop_token"
-#: What a path-form preview's answer carries: CSP's sandbox (an opaque origin) with what apps need.
-PATH_FORM_CSP = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
 COOKIE = "sandloop_preview"
+#: Headers whose value, when it is a sandloop key, never reaches a sandbox.
+_KEY_HEADERS = {b"authorization", b"x-api-key"}
+_SANDLOOP_KEY = re.compile(rb"(?:^|\s)e2b_[0-9a-f]{64}\s*$")
 
 
 class Refused(Exception):
@@ -69,36 +102,39 @@ class Target:
     port: int
     head: bytes
     headers: dict[str, str]
-    by_path: bool
+    host: str = ""
     query_token: str = ""
-    #: Header lines added to the answer (a cookie for a token given once in the query; the path
-    #: form's sandboxing policy).
-    add: list[str] = field(default_factory=list)
+    #: An answer given without reaching the sandbox (the path form's redirect).
+    answer: bytes = b""
 
 
-def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str], list[bytes]] | None:
-    """(method, target, version, headers lower-cased, raw header lines) of a request head."""
+@dataclass
+class Grant:
+    """Who a relay serves: the owner's token (its id), or an anonymous visitor of a public E2B
+    sandbox; and, for a token given once in the query, the redirect that sets the cookie."""
+
+    reach: Reach | None
+    token_id: str | None
+    answer: bytes = b""
+    extra: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]] | None:
+    """(method, target, version, headers lower-cased) of a request head (only to route it: the
+    relay parses it again with h11)."""
     try:
         text = head.decode("latin-1")
-        lines = text.split("\r\n")
+        lines = re.split(r"\r?\n", text)
         method, target, version = lines[0].split(" ")
     except ValueError:
         return None
     headers: dict[str, str] = {}
-    raw = []
     for line in lines[1:]:
         if not line:
             break
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
-        raw.append(line.encode("latin-1"))
-    return method, target, version, headers, raw
-
-
-def _rebuild(method: str, target: str, version: str, raw: list[bytes], drop: set[str], add: list[str]) -> bytes:
-    kept = [line for line in raw if line.split(b":", 1)[0].strip().lower().decode("latin-1") not in drop]
-    lines = [f"{method} {target} {version}".encode("latin-1"), *kept, *(a.encode("latin-1") for a in add)]
-    return b"\r\n".join(lines) + b"\r\n\r\n"
+    return method, target, version, headers
 
 
 def _strip_token(query: str) -> tuple[str, str]:
@@ -109,66 +145,163 @@ def _strip_token(query: str) -> tuple[str, str]:
     return (("?" + urlencode(rest)) if rest else ""), token
 
 
+def answer(status: int, reason: str, headers: list[tuple[str, str]], body: bytes = b"") -> bytes:
+    """A whole answer that closes its connection (written by us, never from a sandbox's bytes)."""
+    lines = [f"HTTP/1.1 {status} {reason}", *(f"{k}: {v}" for k, v in headers)]
+    lines += [f"Content-Length: {len(body)}", "Connection: close", "Cache-Control: no-store"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def refusal(status: int, message: str) -> bytes:
+    reason = {
+        400: "Bad Request",
+        401: "Unauthorized",
+        403: "Forbidden",
+        404: "Not Found",
+        421: "Misdirected Request",
+        429: "Too Many Requests",
+        502: "Bad Gateway",
+        503: "Service Unavailable",
+    }
+    body = json.dumps({"code": status, "message": message}).encode() + b"\n"
+    return answer(status, reason.get(status, "Error"), [("Content-Type", "application/json")], body)
+
+
+def clean_request(request: h11.Request) -> h11.Request:
+    """``request`` without the owner's credentials: a sandloop key in ``Authorization`` or
+    ``X-API-Key``, the preview cookie, E2B's traffic access token, ``?sandloop_token=``."""
+    headers = []
+    for name, value in request.headers:
+        if name == b"e2b-traffic-access-token":
+            continue
+        if name in _KEY_HEADERS and _SANDLOOP_KEY.search(value):
+            continue
+        if name == b"cookie":
+            kept = [p for p in value.split(b";") if p.strip().partition(b"=")[0] != COOKIE.encode()]
+            value = b";".join(kept).strip()
+            if not value:
+                continue
+        headers.append((name, value))
+    path, _, query = request.target.partition(b"?")
+    if TOKEN_PARAM.encode() in query:
+        rest, _ = _strip_token(query.decode("latin-1"))
+        path += rest.encode("latin-1")
+    elif query:
+        path += b"?" + query
+    return h11.Request(method=request.method, target=path, headers=headers, http_version=request.http_version)
+
+
+def _closes(response: h11.Response) -> bool:
+    """Whether the server inside ends its connection after this answer."""
+    words = b",".join(v for k, v in response.headers if k == b"connection").lower()
+    return b"close" in words or (response.http_version == b"1.0" and b"keep-alive" not in words)
+
+
 class Preview:
     def __init__(self, api: Api, e2b: E2B | None, domain: str = "localhost") -> None:
         self.api, self.e2b, self.domain = api, e2b, domain.lower().strip(".")
+        #: "https" when the server is served with TLS (``lifecycle.serve_forever``): the path
+        #: form's redirect keeps the scheme.
+        self.scheme = "http"
+        #: The key of preview cookies: this process's, so a restart voids them all.
+        self._secret = secrets.token_bytes(32)
+        self._opens: dict[str, tuple[float, float]] = {}  # sandbox -> (anonymous opens allowed, when)
+        self._opens_lock = threading.Lock()
 
     # -- which requests are previews -----------------------------------------------------------
     def match(self, head: bytes) -> Target | None:
         parsed = _parse_head(head)
         if parsed is None:
             return None
-        method, target, version, headers, raw = parsed
+        method, target, version, headers = parsed
         host = headers.get("host", "").lower()
         by_host = HOST_FORM.match(host)
         if by_host and by_host.group(3) == self.domain and int(by_host.group(1)) not in E2B_PORTS:
-            path, _, query = target.partition("?")
-            query, token = _strip_token(query)
-            rebuilt = _rebuild(method, path + query, version, raw, set(), []) if token else head
-            found = Target(by_host.group(2), int(by_host.group(1)), rebuilt, headers, False, token)
-            if token:
-                found.add.append(f"Set-Cookie: {COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax")
-            return found
+            _, _, query = target.partition("?")
+            _, token = _strip_token(query)
+            return Target(by_host.group(2), int(by_host.group(1)), head, headers, host, token)
         by_path = PATH_FORM.match(target)
         if by_path:
             session_id, port = by_path.group(1), int(by_path.group(2))
-            query, token = _strip_token(by_path.group(4) or "")
-            inner = (by_path.group(3) or "/") + query
-            rebuilt = _rebuild(method, inner, version, raw, {"connection"}, ["Connection: close"])
-            if headers.get("upgrade"):  # a WebSocket: the connection is the upgrade's, kept open
-                rebuilt = _rebuild(method, inner, version, raw, set(), [])
-            found = Target(session_id, port, rebuilt, headers, True, token)
-            # On the API's own origin: the page is its own opaque origin, or its scripts could
-            # read the playground's token and call the API as its user.
-            found.add.append(f"Content-Security-Policy: {PATH_FORM_CSP}")
-            if token:
-                cookie_path = f"/sandboxes/{session_id}/ports/{port}"
-                found.add.append(f"Set-Cookie: {COOKIE}={token}; Path={cookie_path}; HttpOnly; SameSite=Lax")
+            server_port = re.search(r":\d+$", host)
+            location = (
+                f"{self.scheme}://{port}-{session_id}.{self.domain}{server_port.group(0) if server_port else ''}"
+                f"{by_path.group(3) or '/'}{by_path.group(4) or ''}"
+            )
+            found = Target(session_id, port, head, headers, host)
+            found.answer = answer(
+                307,
+                "Temporary Redirect",
+                [("Location", location), ("Referrer-Policy", "no-referrer"), ("Content-Type", "text/plain")],
+                f"previews are served on their own origin: {location.split('?')[0]}\n".encode(),
+            )
             return found
         return None
 
     # -- access --------------------------------------------------------------------------------
-    def _bearer(self, target: Target) -> str:
-        auth = target.headers.get("authorization", "")
-        if auth.lower().startswith("bearer "):
-            return auth[7:].strip()
-        if target.query_token:
-            return target.query_token
+    def cookie_key(self, token_id: str, session_id: str, port: int) -> str:
+        """The preview cookie's value: good for this sandbox and port only, while the token lives."""
+        mac = hmac.new(self._secret, f"{token_id}\0{session_id}\0{port}".encode(), hashlib.sha256).hexdigest()
+        return f"k1.{token_id}.{mac}"
+
+    def _cookie_token(self, target: Target) -> str | None:
+        """The token id a valid preview cookie of this target names."""
         for part in target.headers.get("cookie", "").split(";"):
             name, _, value = part.strip().partition("=")
-            if name == COOKIE:
-                return value
-        return ""
+            if name != COOKIE:
+                continue
+            version, _, rest = value.partition(".")
+            token_id, _, _ = rest.partition(".")
+            if version == "k1" and hmac.compare_digest(
+                value, self.cookie_key(token_id, target.session_id, target.port)
+            ):
+                return token_id
+        return None
 
-    def _authorize(self, target: Target) -> None:
-        """Raises ``Refused`` unless this request may reach the sandbox (and wakes a paused E2B one)."""
+    def _token_id(self, target: Target) -> tuple[str | None, bool]:
+        """(the id of a live token the request carries, whether it carried any credential)."""
+        auth = target.headers.get("authorization", "")
+        secret = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        secret = secret or target.query_token
+        if secret:
+            token = self.api.tokens.verify(secret)
+            return (token.id if token is not None else None), True
+        cookie = self._cookie_token(target)
+        if cookie is not None:
+            return (cookie if self.api.tokens.get(cookie) is not None else None), True
+        return None, False
+
+    def token_alive(self, token_id: str) -> bool:
+        return self.api.tokens.get(token_id) is not None
+
+    def _metered(self, session_id: str) -> None:
+        """An anonymous open of this sandbox's ports, or 429 past its rate."""
+        now = time.monotonic()
+        with self._opens_lock:
+            allowed, when = self._opens.get(session_id, (ANONYMOUS_BURST, now))
+            allowed = min(ANONYMOUS_BURST, allowed + (now - when) * ANONYMOUS_OPENS)
+            if allowed < 1:
+                raise Refused(
+                    429, f"sandbox {session_id}: too many connections opened without its token; try again later"
+                )
+            self._opens[session_id] = (allowed - 1, now)
+            if len(self._opens) > 10_000:  # forget the quiet ones
+                for sid, (_, seen) in list(self._opens.items()):
+                    if now - seen > 60:
+                        del self._opens[sid]
+
+    def authorize(self, target: Target) -> Grant:
+        """Who this request is, and the sandbox's reach (blocking: run it on a thread).
+
+        Raises:
+            Refused: not allowed, or the sandbox cannot be reached.
+        """
         sid = target.session_id
         box = self.e2b.registry.get(sid) if self.e2b is not None else None
-        secret = self._bearer(target)
-        token = self.api.tokens.verify(secret) if secret else None
+        token_id, carried = self._token_id(target)
         owner = self.api.tokens.owner_of(sid)
-        if token is not None and owner == token.id:
-            pass
+        if token_id is not None and owner == token_id:
+            grant = Grant(None, token_id)
         elif box is not None and self.e2b is not None:
             traffic = target.headers.get("e2b-traffic-access-token", "")
             if not (
@@ -179,14 +312,22 @@ class Preview:
                     f"sandbox {sid} takes no public traffic: send its traffic access token "
                     "(e2b-traffic-access-token: the sandbox's trafficAccessToken)",
                 )
+            grant = Grant(None, None)
+            if not traffic:
+                self._metered(sid)
         elif owner is None:
             raise Refused(404, f"no sandbox {sid}")
         else:
-            why = "the token does not own it" if token is not None else "send a token that owns it"
+            why = "the token does not own it" if token_id is not None else "send a token that owns it"
             raise Refused(
-                401 if token is None else 404,
+                401 if token_id is None and not carried else 404 if token_id is not None else 401,
                 f"sandbox {sid}: {why} (Authorization: Bearer <token>, or ?{TOKEN_PARAM}=<token> once in a browser)",
             )
+        if target.query_token:
+            if grant.token_id is None:
+                raise Refused(401, f"sandbox {sid}: the {TOKEN_PARAM} given does not own it")
+            grant.answer = self._to_cookie(target, grant.token_id)
+            return grant
         if box is not None and self.e2b is not None:
             from sandloop.server.e2b.service import E2BError
 
@@ -194,40 +335,49 @@ class Preview:
                 self.e2b.for_traffic(sid)  # gone or past its timeout: refused; paused: woken (auto-resume)
             except E2BError as exc:
                 raise Refused(502 if exc.status in (404, 502) else exc.status, exc.message) from None
+        grant.reach = self._reach(sid)
+        return grant
 
-    def open(self, target: Target) -> Channel:
-        """The connection to the port, authorized (blocking: run it on a thread)."""
-        self._authorize(target)
-        reach = live_reach(target.session_id)
+    def _to_cookie(self, target: Target, token_id: str) -> bytes:
+        """A visit with the token in its query: a redirect to the same URL without it, and the
+        preview's cookie (``no-referrer``: the token leaves no trace in the next page's Referer)."""
+        parsed = _parse_head(target.head)
+        path, _, query = (parsed[1] if parsed else "/").partition("?")
+        rest, _ = _strip_token(query)
+        key = self.cookie_key(token_id, target.session_id, target.port)
+        secure = "; Secure" if self.scheme == "https" else ""
+        return answer(
+            303 if parsed and parsed[0] not in ("GET", "HEAD") else 307,
+            "Redirect",
+            [
+                ("Location", path + rest),
+                ("Set-Cookie", f"{COOKIE}={key}; Path=/; HttpOnly; SameSite=Lax{secure}"),
+                ("Referrer-Policy", "no-referrer"),
+                ("Content-Type", "text/plain"),
+            ],
+            b"the token is now a cookie for this preview\n",
+        )
+
+    def _reach(self, session_id: str) -> Reach:
+        reach = live_reach(session_id)
+        if reach is not None:
+            return reach
         try:
-            if reach is None:
-                session = self.api.root.attach_session(target.session_id, resume=False)
-                try:
-                    reach = session._reach()
-                finally:
-                    session.let_go()
-            return reach.connect(target.port, first=target.head)  # the head behind the open: one round trip
-        except PortClosed as exc:
-            raise Refused(502, f"sandbox {target.session_id}: {exc}: start a server on it first") from None
+            session = self.api.root.attach_session(session_id, resume=False)
+            try:
+                return session._reach()
+            finally:
+                session.let_go()
         except ReachError as exc:
-            raise Refused(503, f"sandbox {target.session_id}: {exc}") from None
+            raise Refused(503, f"sandbox {session_id}: {exc}") from None
         except SandboxError as exc:
-            raise Refused(502, f"sandbox {target.session_id} cannot be reached: {exc}") from None
-
-
-def refusal(status: int, message: str) -> bytes:
-    reason = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 502: "Bad Gateway", 503: "Service Unavailable"}
-    body = json.dumps({"code": status, "message": message}).encode() + b"\n"
-    head = (
-        f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n"
-    )
-    return head.encode() + b"\r\n" + body
+            raise Refused(502, f"sandbox {session_id} cannot be reached: {exc}") from None
 
 
 class Relay(asyncio.Protocol):
-    """One client connection handed over to a sandbox's port: opened on a thread, then bytes both
-    ways (the agent's reader thread wakes this loop), idle-timed and capped."""
+    """One client connection handed over to one sandbox port: authorized on a thread, opened
+    without waiting on one, then requests and answers parsed and re-sent (bytes as they are
+    after a ``101``), idle-timed, capped, and paced by the channel's window."""
 
     def __init__(
         self,
@@ -241,106 +391,262 @@ class Relay(asyncio.Protocol):
         self._on_closed = closed
         self.loop = asyncio.get_running_loop()
         self.channel: Channel | None = None
-        self.early = bytearray(rest)
+        self.open = False  # the agent connected the port
+        self.raw = False  # past a 101: bytes as they are
+        self.down = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)  # the client
+        self.up = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_ANSWER_HEAD)  # the sandbox
+        self.answering = False  # an answer's head went to the client
+        self.token_id: str | None = None
         self.bytes = 0
         self.last = time.monotonic()
         self.closed = False
         self.writable = True
-        self._pull_pending = False
+        self._scheduled = False
         transport.set_protocol(self)
         transport.pause_reading()
+        if target.answer:  # the path form: a redirect to the host form, nothing relayed
+            transport.write(target.answer)
+            self.closed = True
+            transport.close()
+            self._idle: asyncio.TimerHandle | None = None
+            self._done()
+            return
+        self.down.receive_data(target.head + rest)
         self.loop.create_task(self._open())
-        self._idle = self.loop.call_later(IDLE, self._check_idle)
+        self._idle = self.loop.call_later(min(IDLE, RECHECK), self._check)
 
     async def _open(self) -> None:
         try:
-            channel = await run_in_threadpool(self.preview.open, self.target)
+            grant = await run_in_threadpool(self.preview.authorize, self.target)
+            if self.closed:
+                return
+            if grant.answer:
+                self.transport.write(grant.answer)
+                self._close()
+                return
+            assert grant.reach is not None
+            self.token_id = grant.token_id
+            share = ANONYMOUS_SHARE if grant.token_id is None else None
+            self.channel = grant.reach.begin_connect(self.target.port, on_ready=self._wake, share=share)
+            self.channel.on_credit = self._wake
         except Refused as exc:
             self._refuse(exc.status, exc.message)
+            return
+        except ReachError as exc:
+            self._refuse(503, f"sandbox {self.target.session_id}: {exc}")
             return
         except Exception as exc:  # noqa: BLE001 - the client gets an answer, the log the cause
             log.exception("preview of %s:%d failed", self.target.session_id, self.target.port)
             self._refuse(502, f"the preview failed ({type(exc).__name__}); the server's log has the details")
             return
-        if self.closed:
-            channel.close()
+        self._step()
+
+    def _wake(self) -> None:  # on the agent's reader thread: output, an answer, or credit
+        if not self._scheduled:
+            self._scheduled = True
+            with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+                self.loop.call_soon_threadsafe(self._step)
+
+    def _step(self) -> None:
+        """Whatever can move now: the open's answer, then the sandbox's bytes, then the client's."""
+        self._scheduled = False
+        if self.closed or self.channel is None:
             return
-        self.channel = channel
-
-        def ready() -> None:  # on the agent's reader thread
-            self.loop.call_soon_threadsafe(self._pull)
-
-        channel.on_ready = ready
-        self._send(bytes(self.early))  # (the head went with the open)
-        self.early.clear()
-        self.transport.resume_reading()
-        self._pull()
-
-    def _refuse(self, status: int, message: str) -> None:
-        if not self.transport.is_closing():
-            self.transport.write(refusal(status, message))
-        self._close()
+        try:
+            if not self.open:
+                if not self.channel.answered:
+                    return
+                try:
+                    self.channel.opened()
+                except PortClosed as exc:
+                    self._refuse(502, f"sandbox {self.target.session_id}: {exc}: start a server on it first")
+                    return
+                except ReachError as exc:
+                    self._refuse(503, f"sandbox {self.target.session_id}: {exc}")
+                    return
+                self.open = True
+            self._from_sandbox()
+            if not self.closed:
+                self._from_client()
+        except ReachError:
+            self._close()
 
     # -- client -> sandbox -----------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         self.last = time.monotonic()
-        if self.channel is None:
-            self.early += data
-            if len(self.early) > BUFFER:
-                self.transport.pause_reading()
-            return
-        self._send(data)
-
-    def _send(self, data: bytes) -> None:
-        if not data or self.channel is None:
-            return
         self.bytes += len(data)
         if self.bytes > MAX_BYTES:
             self._close()
             return
-        try:
-            self.channel.send(data)
-        except ReachError:
-            self._close()
+        if self.raw:
+            self._offer(data)
+            return
+        self.down.receive_data(data)
+        self._from_client()
 
     def eof_received(self) -> bool:
-        if self.channel is not None:
-            with contextlib.suppress(ReachError):
-                self.channel.end_input()
+        if self.raw:
+            if self.channel is not None:
+                with contextlib.suppress(ReachError):
+                    self.channel.end_input()
+        else:
+            self.down.receive_data(b"")
+            self._from_client()
         return True  # keep the write side open for the answer
 
+    def _offer(self, data: bytes) -> None:
+        if not data or self.channel is None:
+            return
+        if not self.channel.offer(data):  # its window is full: the client waits for credit
+            self.transport.pause_reading()
+
+    def _from_client(self) -> None:
+        """The client's requests, cleaned, to the sandbox, as far as the window allows."""
+        if not self.open or self.closed or self.channel is None:
+            if len(self.down.trailing_data[0]) > WINDOW:
+                self.transport.pause_reading()
+            return
+        while not self.raw and self.channel.room:
+            try:
+                event = self.down.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._refuse(400, f"not a request this preview can relay: {exc}")
+                return
+            if event is h11.NEED_DATA:
+                break
+            if event is h11.PAUSED:  # the next request waits for this answer's end
+                if len(self.down.trailing_data[0]) > WINDOW:
+                    self.transport.pause_reading()
+                return
+            if isinstance(event, h11.Request):
+                if self._host(event) != self.target.host:
+                    self._refuse(421, "a relayed connection serves one preview: open a new connection for another")
+                    return
+                if self.token_id is not None and not self.preview.token_alive(self.token_id):
+                    self._refuse(401, "the token that opened this preview was revoked")
+                    return
+                event = clean_request(event)
+            if isinstance(event, h11.ConnectionClosed):
+                self.channel.end_input()
+                return
+            assert isinstance(event, h11.Event)  # (NEED_DATA and PAUSED were handled above)
+            try:
+                out = self.up.send(event)
+            except h11.LocalProtocolError as exc:
+                self._refuse(400, f"not a request this preview can relay: {exc}")
+                return
+            if out:
+                self._offer(out)
+        if self.raw:
+            self._offer(self.down.trailing_data[0])
+        if self.channel.room and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    @staticmethod
+    def _host(request: h11.Request) -> str:
+        return next((v.decode("latin-1").lower() for k, v in request.headers if k == b"host"), "")
+
     # -- sandbox -> client -----------------------------------------------------------------------
-    def _pull(self) -> None:
+    def _from_sandbox(self) -> None:
         if self.closed or self.channel is None or not self.writable:
             return
         data, ended = self.channel.take()
         if data:
             self.last = time.monotonic()
             self.bytes += len(data)
-            if self.target.add and data.startswith(b"HTTP/1."):  # the answer's head: after its status line
-                lines = "".join(f"\r\n{line}" for line in self.target.add)
-                data = data.replace(b"\r\n", lines.encode("latin-1") + b"\r\n", 1)
-                self.target.add = []
-            self.transport.write(data)
-        if ended or self.bytes > MAX_BYTES:
+        if self.raw:
+            if data:
+                self.transport.write(data)
+            if ended or self.bytes > MAX_BYTES:
+                self._close()
+            return
+        if data:  # (b"" is h11's end of the stream)
+            self.up.receive_data(data)
+        if ended:
+            self.up.receive_data(b"")
+        while not self.closed:
+            try:
+                event = self.up.next_event()
+            except h11.RemoteProtocolError as exc:
+                if not self.answering:
+                    self._refuse(
+                        502, f"the server on port {self.target.port} in the sandbox did not answer in HTTP ({exc})"
+                    )
+                else:
+                    self._close()
+                return
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                break
+            if isinstance(event, h11.ConnectionClosed):
+                self._close()
+                return
+            if isinstance(event, h11.Response | h11.InformationalResponse):
+                # re-made: h11 speaks HTTP/1.1 to the client whatever the server inside spoke
+                headers = list(event.headers)
+                if isinstance(event, h11.Response) and _closes(event):  # the client is told it ends too
+                    headers.append((b"connection", b"close"))
+                event = type(event)(status_code=event.status_code, headers=headers, reason=event.reason)
+            assert isinstance(event, h11.Event)
+            try:
+                out = self.down.send(event)
+            except h11.LocalProtocolError as exc:
+                if not self.answering or isinstance(event, h11.Response):
+                    self._refuse(502, f"the server in the sandbox sent an answer that cannot be relayed ({exc})")
+                else:
+                    self._close()
+                return
+            self.answering = self.answering or isinstance(event, h11.Response)
+            if out:
+                self.transport.write(out)
+            if self.up.their_state is h11.SWITCHED_PROTOCOL:  # a 101: bytes as they are from here
+                self.raw = True
+                rest = self.up.trailing_data[0]
+                if rest:
+                    self.transport.write(rest)
+                self._offer(self.down.trailing_data[0])
+                if ended:
+                    self._close()
+                return
+            if isinstance(event, h11.EndOfMessage):
+                self._next_cycle()
+        if self.bytes > MAX_BYTES:
             self._close()
+
+    def _next_cycle(self) -> None:
+        """An answer ended: the next request on this connection, or its end."""
+        self.answering = False
+        if self.down.our_state is h11.MUST_CLOSE or self.up.their_state is h11.MUST_CLOSE:
+            self._close()
+            return
+        if self.down.their_state is h11.DONE and self.up.our_state is h11.DONE:
+            self.down.start_next_cycle()
+            self.up.start_next_cycle()
 
     def pause_writing(self) -> None:
         self.writable = False
 
     def resume_writing(self) -> None:
         self.writable = True
-        self._pull()
+        self._step()
 
     # -- end --------------------------------------------------------------------------------------
-    def _check_idle(self) -> None:
+    def _refuse(self, status: int, message: str) -> None:
+        if not self.transport.is_closing() and not self.answering:
+            self.transport.write(refusal(status, message))
+        self._close()
+
+    def _check(self) -> None:
+        """Every RECHECK seconds: the token still lives, the connection is not idle."""
         if self.closed:
+            return
+        if self.token_id is not None and not self.preview.token_alive(self.token_id):
+            self._close()  # revoked (issue 52 finding 11)
             return
         quiet = time.monotonic() - self.last
         if quiet >= IDLE:
             self._close()
         else:
-            self._idle = self.loop.call_later(IDLE - quiet, self._check_idle)
+            self._idle = self.loop.call_later(min(RECHECK, IDLE - quiet), self._check)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._close()
@@ -349,12 +655,16 @@ class Relay(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        self._idle.cancel()
+        if self._idle is not None:
+            self._idle.cancel()
         if self.channel is not None:
-            self.channel.on_ready = None
+            self.channel.on_ready = self.channel.on_credit = None
             self.channel.close()
         if not self.transport.is_closing():
             self.transport.close()
+        self._done()
+
+    def _done(self) -> None:
         if self._on_closed is not None:  # the server's own bookkeeping of the connection
             with contextlib.suppress(Exception):
                 self._on_closed()

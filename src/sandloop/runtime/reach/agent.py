@@ -13,18 +13,23 @@ the payload) carry many channels at once:
 
 It answers ``OPENED`` (JSON, a terminal's ``pid``) or ``REFUSED`` (why), then ``DATA``, ``EOF``
 (the port or terminal has no more output) and, for a terminal, ``EXIT`` (the exit code, or minus
-the signal that ended it). It reaches nothing the sandbox's code could not reach itself: its
+the signal that ended it). ``CREDIT`` (a 4-byte count) goes both ways: the agent says how much
+of a channel's input it handed on, the host how much of a connection's output it took; a
+connection's socket is not read while ``WINDOW`` bytes of its output are not yet taken (so the
+host never waits for one slow client, and the host's stream is always read: a full channel
+never stops the others). It reaches nothing the sandbox's code could not reach itself: its
 loopback, its programs. It ends when its stdin ends (the host went away): every connection is
 closed and every terminal hung up.
 
 One thread, one loop (``selectors``): a frame from the host is handled where it is read, and a
 sandbox's answer is framed where it is read, with no hand-over between threads on the way (each
 costs a futex round trip, dear under gVisor's ptrace platform: issue 38's first-byte target).
-Input for a channel waits in its own buffer until the socket or terminal takes it; past
-``QUEUED`` bytes the host's stream is not read until it drains (the sandbox's program is not
-reading what it is sent).
+Input for a channel waits in its own buffer until the socket or terminal takes it (the host
+sends at most ``WINDOW`` bytes before credit). Connecting never blocks the loop: a port whose
+backlog is full cost every channel 10 s when connects were synchronous (issue 52 finding 6).
 """
 
+import errno
 import fcntl
 import json
 import os
@@ -38,10 +43,16 @@ import termios
 import time
 
 HEADER = struct.Struct(">BII")
-TCP, PTY, DATA, EOF, CLOSE, RESIZE, SIGNAL, OPENED, REFUSED, EXIT = range(1, 11)
+TCP, PTY, DATA, EOF, CLOSE, RESIZE, SIGNAL, OPENED, REFUSED, EXIT, CREDIT = range(1, 12)
+COUNT = struct.Struct(">I")
 CHUNK = 65536
-#: Bytes of input waiting for one channel; past it the host's stream waits.
-QUEUED = 1 << 20
+#: A channel's bytes in flight each way before the other end's credit (mux.WINDOW).
+WINDOW = 256 * 1024
+#: Input waiting for one channel past which the host broke its window: the channel is closed.
+QUEUED = 4 * WINDOW
+#: Seconds a hung-up terminal's processes have to end before they are killed (a program that
+#: ignores SIGHUP -- one started with it ignored, as under nohup -- outlived its terminal).
+KILL_AFTER = 2.0
 #: How often a terminal whose output is quiet is asked whether its process ended (gVisor gives
 #: no EIO at a terminal's end), and a closed terminal's process reaped.
 POLL = 0.2
@@ -82,10 +93,19 @@ class Channel:
         self.input_ended = False
         self.output_ended = False
         self.gone = False  # closed: events already selected for it are dropped
+        self.unacked = 0  # output sent, not yet taken by the host (connections only)
+        self.credit_due = 0  # input handed on, not yet credited to the host
+
+    def reading(self):
+        return not self.output_ended
 
     def want(self):
-        events = 0 if self.output_ended else selectors.EVENT_READ
+        events = selectors.EVENT_READ if self.reading() else 0
         return events | (selectors.EVENT_WRITE if self.pending else 0)
+
+    def credited(self, count):
+        self.unacked = max(0, self.unacked - count)
+        self.watch()
 
     def watch(self):
         if self.gone or self.fd < 0:
@@ -104,9 +124,12 @@ class Channel:
 
     def give(self, data):
         self.pending += data
+        if len(self.pending) > QUEUED:
+            raise OSError("the host sent more than its window")
         self.watch()
 
     def flush(self):
+        before = len(self.pending)
         try:
             while self.pending:
                 n = self.write(self.pending)
@@ -116,6 +139,10 @@ class Channel:
         except OSError:
             self.pending.clear()
             self.input_ended = False
+        self.credit_due += before - len(self.pending)
+        if self.credit_due and (not self.pending or self.credit_due >= WINDOW // 4):
+            send(CREDIT, self.number, COUNT.pack(self.credit_due))
+            self.credit_due = 0
         if not self.pending and self.input_ended:
             self.input_ended = False
             self.end_input()
@@ -130,6 +157,8 @@ class Channel:
             data = b""
         if data:
             send(DATA, self.number, data)
+            if not self.reading():
+                self.watch()  # its window is full: not read until the host takes some
         else:
             self.ended()
 
@@ -142,29 +171,80 @@ class Channel:
 class Port(Channel):
     def __init__(self, number, port):
         super().__init__(number)
+        self.port = port
         self.sock = None
-        for family, address in ((socket.AF_INET, ("127.0.0.1", port)), (socket.AF_INET6, ("::1", port))):
+        self.fd = -1
+        self.connecting = True
+        self.deadline = time.monotonic() + CONNECT_TIMEOUT
+        self.addresses = [(socket.AF_INET, ("127.0.0.1", port)), (socket.AF_INET6, ("::1", port))]
+        self.error = None
+        self.attempt()
+
+    def attempt(self):
+        """The next address, connected without waiting: its end is a writable socket."""
+        while self.addresses:
+            family, address = self.addresses.pop(0)
             sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.settimeout(CONNECT_TIMEOUT)
-            try:
-                sock.connect(address)
-            except OSError as exc:
-                sock.close()
-                error = exc
-                continue
-            self.sock = sock
-            break
-        if self.sock is None:
-            raise OSError("nothing listens on port %d in the sandbox (%s)" % (port, error.strerror or error))
+            sock.setblocking(False)
+            code = sock.connect_ex(address)
+            if code in (0, errno.EINPROGRESS):
+                self.sock, self.fd = sock, sock.fileno()
+                selector.register(self.fd, selectors.EVENT_WRITE, self)
+                return
+            sock.close()
+            self.error = code
+        self.refuse()
+
+    def refuse(self):
+        self.connecting, self.gone = False, True
+        why = os.strerror(self.error) if self.error else "timed out"
+        send(REFUSED, self.number, ("nothing listens on port %d in the sandbox (%s)" % (self.port, why)).encode())
+
+    def connected(self):
+        """Its socket became writable: connected, or the next address is tried."""
+        code = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if code:
+            self.drop()
+            self.error = code
+            self.attempt()
+            return
+        self.connecting = False
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.setblocking(False)
-        self.fd = self.sock.fileno()
+        send(OPENED, self.number, b"{}")
+        self.flush()  # what came behind the open (a request's head)
+
+    def expired(self, now):
+        if self.connecting and now > self.deadline:
+            self.drop()
+            self.addresses, self.error = [], None
+            self.refuse()
+            return True
+        return False
+
+    def drop(self):
+        if self.fd in selector.get_map():
+            selector.unregister(self.fd)
+        self.sock.close()
+        self.sock, self.fd = None, -1
+
+    def watch(self):
+        if not self.connecting:
+            super().watch()
+
+    def flush(self):
+        if not self.connecting:
+            super().flush()
+
+    def reading(self):
+        return not self.output_ended and self.unacked < WINDOW
 
     def opened(self):
         return {}
 
     def read(self):
-        return self.sock.recv(CHUNK)
+        data = self.sock.recv(CHUNK)
+        self.unacked += len(data)
+        return data
 
     def write(self, data):
         return self.sock.send(data)
@@ -177,9 +257,8 @@ class Port(Channel):
 
     def close(self):
         self.gone = True
-        if self.fd in selector.get_map():
-            selector.unregister(self.fd)
-        self.sock.close()
+        if self.sock is not None:
+            self.drop()
         return True
 
 
@@ -201,8 +280,14 @@ class Terminal(Channel):
             try:
                 set_size(0, cols, rows)
                 os.chdir(cwd)
-                for number in (signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE):
-                    signal.signal(number, signal.SIG_DFL)
+                # every signal as a new program expects it: the agent's own dispositions and any
+                # inherited SIG_IGN (SIGHUP under nohup) would outlive the exec
+                for number in range(1, signal.NSIG):
+                    try:
+                        signal.signal(number, signal.SIG_DFL)
+                    except (OSError, ValueError, RuntimeError):
+                        pass
+                signal.pthread_sigmask(signal.SIG_SETMASK, [])
                 os.execvpe(cmd[0], cmd, env)
             except BaseException as exc:  # noqa: BLE001 - the terminal shows why, then it ends
                 os.write(2, ("cannot start %s: %s\r\n" % (cmd[0], exc)).encode())
@@ -215,6 +300,7 @@ class Terminal(Channel):
         self.status = None
         self.heard = time.monotonic()
         self.exited = False  # EXIT sent
+        self.kill_at = None  # hung up: killed then if it has not ended
 
     def opened(self):
         return {"pid": self.pid}
@@ -285,6 +371,15 @@ class Terminal(Channel):
             return self.gone and self.exited
         self.heard = now
         if not self.reaped():
+            if self.kill_at is not None and now >= self.kill_at:
+                # still there KILL_AFTER seconds after its hang-up: killed, its group and itself (the
+                # pid is this agent's unreaped child, so it names no other process)
+                self.signal(signal.SIGKILL)
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                self.kill_at = now + KILL_AFTER
             return False
         self.exited = True
         if not self.gone:
@@ -314,6 +409,8 @@ class Terminal(Channel):
         if not self.reaped():
             self.signal(signal.SIGHUP)
             self.signal(signal.SIGCONT)
+            self.kill_at = time.monotonic() + KILL_AFTER
+            self.heard = 0.0  # asked at the next tick
         self.release()
         self.exited = self.exited or self.status is not None
         return self.exited
@@ -359,18 +456,6 @@ class Host:
             payload = bytes(buffer[HEADER.size : HEADER.size + length])
             del buffer[: HEADER.size + length]
             self.handle(kind, number, payload)
-        self.hold()
-
-    def hold(self):
-        """Not read further while a channel has more than QUEUED bytes waiting."""
-        if self.ended:
-            return
-        full = any(len(c.pending) > QUEUED for c in self.channels.values())
-        held = 0 not in selector.get_map()
-        if full and not held:
-            selector.unregister(0)
-        elif held and not full:
-            selector.register(0, selectors.EVENT_READ, self)
 
     def handle(self, kind, number, payload):
         channels = self.channels
@@ -379,12 +464,20 @@ class Host:
             if kind in (TCP, PTY):
                 if channel is not None:
                     raise OSError("channel %d is open already" % number)
-                made = Port(number, int(payload)) if kind == TCP else Terminal(number, json.loads(payload))
+                if kind == TCP:
+                    made = Port(number, int(payload))  # answers when its connect ends
+                    if not made.gone:
+                        channels[number] = made
+                    return
+                made = Terminal(number, json.loads(payload))
                 channels[number] = made
                 send(OPENED, number, json.dumps(made.opened()).encode())
                 made.watch()
             elif channel is None or channel.gone:
                 return  # closed meanwhile: what was in flight for it goes nowhere
+            elif kind == CLOSE:
+                if channel.close():
+                    del channels[number]
             elif isinstance(channel, Terminal) and channel.fd < 0:
                 return  # its process ended: input, sizes and signals go nowhere
             elif kind == DATA:
@@ -393,15 +486,19 @@ class Host:
             elif kind == EOF:
                 channel.input_ended = True
                 channel.flush()
-            elif kind == CLOSE:
-                if channel.close():
-                    del channels[number]
+            elif kind == CREDIT:
+                channel.credited(COUNT.unpack(payload)[0])
             elif kind == RESIZE and isinstance(channel, Terminal):
                 size = json.loads(payload)
                 channel.resize(size["cols"], size["rows"])
             elif kind == SIGNAL and isinstance(channel, Terminal):
                 channel.signal(int(payload))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+            if channel is not None and kind == DATA:  # the host broke the window: the channel ends
+                channel.close()
+                channels.pop(number, None)
+                send(EOF, number)
+                return
             send(REFUSED, number, str(getattr(exc, "strerror", None) or exc).encode())
 
 
@@ -410,27 +507,32 @@ def main():
     channels = {}
     host = Host(channels)
     while not host.ended:
-        terminals = any(isinstance(c, Terminal) for c in channels.values())
-        for key, events in selector.select(POLL if terminals else None):
+        timed = any(isinstance(c, Terminal) or getattr(c, "connecting", False) for c in channels.values())
+        for key, events in selector.select(POLL if timed else None):
             owner = key.data
             if owner is host:
                 host.readable()
                 continue
             if owner.gone:
                 continue
+            if getattr(owner, "connecting", False):
+                owner.connected()
+                if owner.gone:
+                    channels.pop(owner.number, None)
+                continue
             if events & selectors.EVENT_WRITE:
                 owner.flush()
-            if events & selectors.EVENT_READ and not owner.output_ended:
+            if events & selectors.EVENT_READ and owner.reading():
                 owner.readable()
-        if terminals:
+        if timed:
             now = time.monotonic()
             for number, channel in list(channels.items()):
                 if isinstance(channel, Terminal):
                     channel.keep_size(now)
                     if channel.tick(now):
                         del channels[number]
-        if not host.ended:
-            host.hold()
+                elif isinstance(channel, Port) and channel.expired(now):
+                    del channels[number]
     for channel in list(channels.values()):
         channel.close()
 

@@ -1,12 +1,22 @@
 """The host's end of a reach into a running sandbox: one agent (``agent.py``) started in it, many
 channels over its one byte stream -- connections to the sandbox's own loopback ports, terminals.
 
-Every wait is bounded and every buffer capped: a channel holds at most ``BUFFER`` bytes nobody has
-read (a terminal then drops its oldest output; a connection makes the agent's stream wait up to
-``STALL`` seconds for its reader, and is closed: one slow reader cannot hold a sandbox's other
-channels for longer), input waits up to
-``STALL`` seconds for room (an agent whose program reads nothing), and a sandbox has at most
-``MAX_CHANNELS`` open at once.
+Flow control is per channel, by credit (issue 52: one upload into a server that read nothing
+froze the whole API for 60 s, because the relay waited on the event loop for the agent's one
+buffer, and the agent stopped reading its stream for all channels while one was full):
+
+- host -> sandbox: at most ``WINDOW`` bytes of a channel's input are in flight until the agent
+  says (``CREDIT``) it handed them to the socket or terminal. ``Channel.send`` waits for credit
+  (up to ``STALL`` seconds: a program that reads nothing); ``Channel.offer`` never waits and says
+  whether the window is still open, for callers on an event loop (``on_credit`` wakes them);
+- sandbox -> host: a connection's agent stops reading its socket once ``WINDOW`` bytes are not yet
+  taken here, so the reader thread never waits for a slow client and one full channel never
+  holds the others. A terminal nobody watches keeps its last ``BUFFER`` bytes, as a scrollback.
+
+What the agent sends is untrusted (code in the sandbox can write to the agent's stream): a
+frame longer than ``MAX_FRAME``, a payload that does not parse, or a connection's output past
+its window ends the reach as a broken agent, never the server's memory or its reader thread. A
+sandbox has at most ``MAX_CHANNELS`` open at once.
 """
 
 from __future__ import annotations
@@ -14,9 +24,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import logging
 import struct
 import threading
-import time
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
@@ -24,14 +34,25 @@ from typing import Any
 from sandloop.contract import SandboxError
 from sandloop.runtime.base import ExecStream
 
+log = logging.getLogger(__name__)
+
 HEADER = struct.Struct(">BII")
-TCP, PTY, DATA, EOF, CLOSE, RESIZE, SIGNAL, OPENED, REFUSED, EXIT = range(1, 11)
+TCP, PTY, DATA, EOF, CLOSE, RESIZE, SIGNAL, OPENED, REFUSED, EXIT, CREDIT = range(1, 12)
 #: What starts the agent inside a sandbox: a short loader on the image's python that reads the
 #: agent's source from its stdin (10 digits of length, then the source: ``AGENT_PRELUDE``, the
 #: first bytes ``Reach`` sends), so the sandbox's process list shows one line, not the source.
 AGENT_NAME = "sandloop-reach-agent"
+#: The loader first makes the agent non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``): its
+#: ``/proc/<pid>/fd`` and ``mem`` are then root's, so the sandbox's code (its user, no
+#: capabilities) can neither reopen the agent's stream to forge frames nor write its memory
+#: (both were done on runc, reopening on gVisor too: issue 52 finding 4).
 _LOADER = f"""# {AGENT_NAME}
 import os
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+except Exception:
+    pass
 def take(n):
     got = b""
     while len(got) < n:
@@ -47,7 +68,14 @@ _SOURCE = resources.files("sandloop.runtime.reach").joinpath("agent.py").read_by
 AGENT_PRELUDE = b"%010d" % len(_SOURCE) + _SOURCE
 MAX_CHANNELS = 64
 BUFFER = 4 * 1024 * 1024
+#: Bytes of one channel in flight each way before the other end gives credit.
+WINDOW = 256 * 1024
+#: The longest frame the agent may send (its data frames are at most 64 KiB).
+MAX_FRAME = 256 * 1024
 STALL = 30.0
+CREDIT_COUNT = struct.Struct(">I")
+#: Frames queued for the agent at most (the channels' windows and their control frames).
+MAX_QUEUED = MAX_CHANNELS * (WINDOW + MAX_FRAME)
 #: Longest the agent takes to open a port or start a terminal.
 OPEN_TIMEOUT = 15.0
 FRAME_DATA = 64 * 1024
@@ -59,6 +87,10 @@ class ReachError(SandboxError):
 
 class PortClosed(ReachError):
     """Nothing listens on that port inside the sandbox."""
+
+
+class _Broken(Exception):
+    """What the agent sent breaks the protocol (a forged or corrupt stream)."""
 
 
 class Channel:
@@ -74,30 +106,38 @@ class Channel:
         self._cond = threading.Condition()
         self._opened: dict[str, Any] | None = None
         self._refused: str | None = None
+        #: Input sent and not yet credited by the agent; output taken and not yet credited to it.
+        self._in_flight = 0
+        self._credit_due = 0
         #: Called (on the agent's reader thread) whenever there is something to take.
         self.on_ready: Callable[[], None] | None = None
+        #: Called (on the agent's reader thread) when the agent took input: ``offer`` may go on.
+        self.on_credit: Callable[[], None] | None = None
+        #: Opened within a share of the channels (``Reach.begin_connect``'s ``share``).
+        self.shared = False
 
-    # -- the reader thread's side --------------------------------------------------------------
+    # -- the reader thread's side (never waits: one channel cannot hold the others) ------------
     def _deliver(self, data: bytes) -> None:
         with self._cond:
+            if self._closed:
+                return
             if self.kind == PTY:  # a terminal nobody watches keeps its last BUFFER bytes, as a scrollback
                 while self._chunks and self._held + len(data) > BUFFER:
                     self._held -= len(self._chunks.popleft())
-            deadline = time.monotonic() + STALL
-            while self._held >= BUFFER and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._why = f"closed: nobody read its output for {STALL:.0f} s"
-                    self._closed = self._eof = True
-                    self._chunks.clear()
-                    self.reach._close_quietly(self.number)
-                    break
-                self._cond.wait(left)
-            if not self._closed:
-                self._chunks.append(data)
-                self._held += len(data)
+            elif self._held + len(data) > WINDOW + MAX_FRAME:
+                raise _Broken(f"channel {self.number} was sent {self._held + len(data)} bytes past its window")
+            self._chunks.append(data)
+            self._held += len(data)
             self._cond.notify_all()
         self._ready()
+
+    def _credited(self, count: int) -> None:
+        with self._cond:
+            self._in_flight = max(0, self._in_flight - count)
+            self._cond.notify_all()
+        if self.on_credit is not None:
+            with contextlib.suppress(Exception):
+                self.on_credit()
 
     def _end(self, why: str = "") -> None:
         with self._cond:
@@ -105,29 +145,48 @@ class Channel:
             self._why = self._why or why
             self._cond.notify_all()
         self._ready()
+        if self.on_credit is not None:  # a sender waiting for room learns that there is none
+            with contextlib.suppress(Exception):
+                self.on_credit()
 
     def _answer(self, opened: dict[str, Any] | None, refused: str | None) -> None:
         with self._cond:
             self._opened, self._refused = opened, refused
             self._cond.notify_all()
+        self._ready()
 
     def _ready(self) -> None:
         if self.on_ready is not None:
             with contextlib.suppress(Exception):
                 self.on_ready()
 
-    def _wait_open(self, timeout: float) -> dict[str, Any]:
+    @property
+    def answered(self) -> bool:
+        """The agent said whether the port or terminal opened (or the reach ended)."""
         with self._cond:
-            answered = self._cond.wait_for(
-                lambda: not (self._opened is None and self._refused is None) or self._eof, timeout
-            )
-            if not answered:
-                raise ReachError(f"the sandbox did not answer within {timeout:.0f} s")
+            return self._opened is not None or self._refused is not None or self._eof
+
+    def opened(self) -> dict[str, Any]:
+        """What the agent answered to the open, once ``answered``.
+
+        Raises:
+            PortClosed: nothing listens on the port.
+            ReachError: refused otherwise, or the agent is gone.
+        """
+        with self._cond:
             if self._refused is not None:
                 raise PortClosed(self._refused) if self.kind == TCP else ReachError(self._refused)
             if self._opened is None:
                 raise ReachError(self._why or "the sandbox went away")
             return self._opened
+
+    def _wait_open(self, timeout: float) -> dict[str, Any]:
+        with self._cond:
+            if not self._cond.wait_for(
+                lambda: not (self._opened is None and self._refused is None) or self._eof, timeout
+            ):
+                raise ReachError(f"the sandbox did not answer within {timeout:.0f} s")
+        return self.opened()
 
     kind = TCP
 
@@ -139,7 +198,15 @@ class Channel:
             self._chunks.clear()
             self._held = 0
             self._cond.notify_all()
-            return data, self._eof and not self._chunks
+            ended = self._eof and not self._chunks
+            credit = 0
+            if data and self.kind == TCP and not self._closed:
+                self._credit_due += len(data)
+                if self._credit_due >= WINDOW // 4:  # see agent.py: no stall below a quarter window
+                    credit, self._credit_due = self._credit_due, 0
+        if credit:
+            self.reach._send_quietly(CREDIT, self.number, CREDIT_COUNT.pack(credit))
+        return data, ended
 
     def recv(self, timeout: float | None = None) -> bytes:
         """The next bytes, waiting up to ``timeout`` (None: until some come); ``b""`` at the end.
@@ -162,11 +229,51 @@ class Channel:
     def why(self) -> str:
         return self._why
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, timeout: float = STALL) -> None:
+        """Sends ``data``, waiting for credit when ``WINDOW`` bytes are in flight.
+
+        Raises:
+            ReachError: the channel is closed, the agent is gone, or the sandbox read none of
+                its input for ``timeout`` seconds.
+        """
+        view = memoryview(data)
+        while view:
+            with self._cond:
+                room = self._cond.wait_for(
+                    lambda: self._in_flight < WINDOW or self._closed or not self.reach.alive, timeout
+                )
+                if self._closed or not self.reach.alive:
+                    raise ReachError(self._why or "the channel is closed")
+                if not room:
+                    raise ReachError(f"the sandbox read none of its input for {timeout:.0f} s")
+                count = min(len(view), FRAME_DATA, WINDOW - self._in_flight)
+                self._in_flight += count
+            self.reach._send(DATA, self.number, bytes(view[:count]))
+            view = view[count:]
+
+    def offer(self, data: bytes) -> bool:
+        """Sends ``data`` now, never waiting (for a caller on an event loop); whether the window
+        is still open. Once it says False, send no more until ``on_credit`` is called and
+        ``room`` is True again.
+
+        Raises:
+            ReachError: the channel is closed or the agent is gone.
+        """
+        with self._cond:
+            if self._closed or not self.reach.alive:
+                raise ReachError(self._why or "the channel is closed")
+            self._in_flight += len(data)
         view = memoryview(data)
         while view:
             self.reach._send(DATA, self.number, bytes(view[:FRAME_DATA]))
             view = view[FRAME_DATA:]
+        return self.room
+
+    @property
+    def room(self) -> bool:
+        """Whether input sent now would be within the window."""
+        with self._cond:
+            return self._in_flight < WINDOW
 
     def end_input(self) -> None:
         self.reach._send(EOF, self.number)
@@ -248,9 +355,41 @@ class Reach:
             PortClosed: nothing listens there.
             ReachError: too many channels open, or the agent is gone.
         """
+        channel = self.begin_connect(port, first)
+        try:
+            channel._wait_open(timeout)
+        except BaseException:
+            channel.close()
+            raise
+        return channel
+
+    def begin_connect(
+        self,
+        port: int,
+        first: bytes = b"",
+        on_ready: Callable[[], None] | None = None,
+        share: int | None = None,
+    ) -> Channel:
+        """``connect`` without waiting (for a caller on an event loop): the channel at once,
+        ``on_ready`` called on the reader thread when the agent answers (``Channel.answered``,
+        then ``Channel.opened()``) and whenever there is output. ``share``: the most channels
+        opened with a share may hold at once (anonymous visitors' part of ``max_channels``).
+
+        Raises:
+            ReachError: too many channels open (or the share's), or the agent is gone.
+        """
         if not 1 <= int(port) <= 65535:
             raise ReachError(f"port must be 1-65535, got {port}")
-        return self._open(Channel, TCP, str(int(port)).encode(), timeout, first)
+        channel = self._made(Channel, share)
+        channel.on_ready = on_ready
+        try:
+            self._send(TCP, channel.number, str(int(port)).encode())
+            if first:
+                channel.offer(first)
+        except BaseException:
+            channel.close()
+            raise
+        return channel
 
     def terminal(
         self,
@@ -263,12 +402,18 @@ class Reach:
     ) -> Terminal:
         """A program (default: a login bash) on a new ``cols`` x ``rows`` terminal."""
         spec = {"cmd": cmd, "cols": cols, "rows": rows, "envs": envs or {}, "cwd": cwd}
-        made = self._open(Terminal, PTY, json.dumps(spec).encode(), timeout)
+        made = self._made(Terminal, None)
         assert isinstance(made, Terminal)
+        try:
+            self._send(PTY, made.number, json.dumps(spec).encode())
+            made._wait_open(timeout)
+        except BaseException:
+            made.close()
+            raise
         made.pid = int((made._opened or {}).get("pid", 0))
         return made
 
-    def _open(self, kind: type[Channel], op: int, payload: bytes, timeout: float, first: bytes = b"") -> Channel:
+    def _made(self, kind: type[Channel], share: int | None) -> Channel:
         with self._lock:
             if not self.alive:
                 raise ReachError("the sandbox's agent is gone")
@@ -277,16 +422,14 @@ class Reach:
                     f"this sandbox has {self.max_channels} connections and terminals open (the most at once): "
                     "close one first"
                 )
+            if share is not None and sum(c.shared for c in self._channels.values()) >= share:
+                raise ReachError(
+                    f"this sandbox has {share} connections open for visitors without its token (the most at "
+                    "once): try again later, or send its token"
+                )
             channel = kind(self, next(self._numbers))
+            channel.shared = share is not None
             self._channels[channel.number] = channel
-        try:
-            self._send(op, channel.number, payload)
-            if first:
-                channel.send(first)
-            channel._wait_open(timeout)
-        except BaseException:
-            channel.close()
-            raise
         return channel
 
     def open_count(self) -> int:
@@ -295,19 +438,25 @@ class Reach:
 
     # -- the stream ----------------------------------------------------------------------------
     def _send(self, kind: int, number: int, payload: bytes = b"") -> None:
+        """Queues a frame for the writer thread; never waits (each channel's input is bounded by
+        its window; the queue as a whole by ``MAX_QUEUED``, past which the agent reads nothing).
+
+        Raises:
+            ReachError: the agent is gone or reads nothing.
+        """
         frame = HEADER.pack(kind, number, len(payload)) + payload
         with self._out_cond:
-            deadline = time.monotonic() + STALL
-            while self._out_held >= BUFFER and self.alive:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ReachError(f"the sandbox read none of its input for {STALL:.0f} s")
-                self._out_cond.wait(left)
             if not self.alive:
                 raise ReachError("the sandbox's agent is gone")
+            if self._out_held > MAX_QUEUED:
+                raise ReachError("the sandbox's agent reads none of what it is sent")
             self._out.append(frame)
             self._out_held += len(frame)
             self._out_cond.notify_all()
+
+    def _send_quietly(self, kind: int, number: int, payload: bytes = b"") -> None:
+        with contextlib.suppress(ReachError):
+            self._send(kind, number, payload)
 
     def _write(self) -> None:
         try:
@@ -326,6 +475,7 @@ class Reach:
 
     def _read(self) -> None:
         buf = bytearray()
+        why = "the sandbox's agent ended (the sandbox stopped, or was replaced)"
         try:
             while True:
                 data = self.stream.read(256 * 1024)
@@ -334,6 +484,8 @@ class Reach:
                 buf += data
                 while len(buf) >= HEADER.size:
                     kind, number, length = HEADER.unpack_from(buf)
+                    if length > MAX_FRAME:
+                        raise _Broken(f"a frame of {length} bytes (at most {MAX_FRAME})")
                     if len(buf) < HEADER.size + length:
                         break
                     payload = bytes(buf[HEADER.size : HEADER.size + length])
@@ -341,7 +493,14 @@ class Reach:
                     self._dispatch(kind, number, payload)
         except OSError:
             pass
-        self._gone("the sandbox's agent ended (the sandbox stopped, or was replaced)")
+        except (_Broken, ValueError, TypeError, struct.error, AttributeError) as exc:
+            # Code in the sandbox can write to the agent's stream: what it sends is never trusted
+            # further than this (issue 52 finding 4: a forged length grew the server's memory to
+            # 1.6 GiB; a malformed frame killed this thread and left every channel waiting).
+            why = f"the sandbox's agent broke the protocol ({exc}): its connections were closed"
+            log.warning("reach into a sandbox: %s", why)
+            threading.Thread(target=self.stream.close, name="reach-close", daemon=True).start()
+        self._gone(why)
 
     def _dispatch(self, kind: int, number: int, payload: bytes) -> None:
         with self._lock:
@@ -350,18 +509,25 @@ class Reach:
             return
         if kind == DATA:
             channel._deliver(payload)
+        elif kind == CREDIT:
+            (count,) = CREDIT_COUNT.unpack(payload)
+            channel._credited(count)
         elif kind == EOF:
             channel._end()
         elif kind == OPENED:
-            channel._answer(json.loads(payload or b"{}"), None)
+            opened = json.loads(payload or b"{}")
+            if not isinstance(opened, dict):
+                raise _Broken("an answer that is not an object")
+            channel._answer(opened, None)
         elif kind == REFUSED:
-            channel._answer(None, payload.decode(errors="replace"))
+            channel._answer(None, payload.decode(errors="replace")[:1000])
         elif kind == EXIT and isinstance(channel, Terminal):
             channel._exited(int(payload))
+        elif kind not in (DATA, CREDIT, EOF, OPENED, REFUSED, EXIT):
+            raise _Broken(f"a frame of unknown kind {kind}")
 
     def _close_quietly(self, number: int) -> None:
-        with contextlib.suppress(ReachError):
-            self._send(CLOSE, number)
+        self._send_quietly(CLOSE, number)
 
     def _forget(self, number: int) -> None:
         with self._lock:
