@@ -122,7 +122,10 @@ class Settings(BaseSettings):
     queue_wait_seconds: float = Field(30, ge=0, description="Longest a run waits for a slot before SandboxBusy.")
     reap_interval_seconds: float = Field(60, gt=0, description="How often a long-running process reaps.")
     paused_retention_seconds: float = Field(
-        30 * 86400, gt=0, description="How long a paused session is kept (its idle TTL stops while it is paused)."
+        30 * 86400,
+        gt=0,
+        description="The longest a paused session is kept after its last use (its idle TTL counts on while it is "
+        "paused: it goes at whichever comes first); a paused E2B sandbox is kept this long, as E2B's are.",
     )
     session_idle_pause_seconds: float = Field(
         0,

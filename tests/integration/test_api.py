@@ -302,6 +302,37 @@ def test_session_count_and_workspace_ceilings(server):
                 c.delete(f"/v1/sessions/{sid}")
 
 
+def test_a_paused_sessions_state_counts_against_the_workspace_ceiling(server):
+    """Issue 52 finding 9: a pause's bytes on disk (its state here, under runc; its memory image
+    under gVisor) were counted nowhere (a 512m token put 1.5 GiB on disk). Counted once made:
+    the next pause, or a session more, is refused until the pause is resumed."""
+    url, tokens = server
+    secret, _ = tokens.create("pauses", max_workspace="240m")
+    made = []
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=120) as c:
+        try:
+            for _ in range(2):  # 96m + 96m of quotas: room for 48m more
+                r = c.post("/v1/sessions", json={"quota": "96m", "limits": {"memory": "512m"}})
+                assert r.status_code == 201, r.text
+                made.append(r.json()["id"])
+            first, second = made
+            for sid in made:  # an interpreter runs in each (else a pause keeps files only)
+                assert c.post(f"/v1/sessions/{sid}/cells", json={"code": "import os; x = 1"}).status_code == 200
+            r = c.post(f"/v1/sessions/{first}/cells", json={"code": "blob = os.urandom(64 * 2**20)"})
+            assert r.status_code == 200 and r.json()["ok"], r.text
+            assert c.post(f"/v1/sessions/{first}/pause").json()["paused"] == "state"  # 64 MiB kept, pickled
+            refused = c.post(f"/v1/sessions/{second}/pause")  # 192m + 64 MiB >= 240m
+            assert refused.status_code == 403 and refused.json()["code"] == "over_token_limit", refused.text
+            assert "resume a paused session" in refused.json()["message"]
+            more = c.post("/v1/sessions", json={"quota": "16m"})  # fitted before: 208m of 240m
+            assert more.status_code == 403 and "paused sessions' images" in more.json()["message"], more.text
+            assert c.post(f"/v1/sessions/{first}/resume").status_code == 200  # its state is loaded and removed
+            assert c.post(f"/v1/sessions/{second}/pause").status_code == 200
+        finally:
+            for sid in made:
+                c.delete(f"/v1/sessions/{sid}")
+
+
 def test_defaults_are_clamped_to_a_small_tokens_ceilings(server):
     """Before: a 5 s / 128m token was refused the defaults (30 s, 256m), so the playground failed."""
     url, tokens = server

@@ -111,7 +111,7 @@ def test_a_session_is_not_paused_while_a_cell_runs_and_its_other_calls_resume_it
         other.close()
 
 
-def test_a_callers_pause_stays_until_they_resume_it_and_an_idle_pause_keeps_the_ttl():
+def test_a_callers_pause_stays_until_they_resume_it_and_both_pauses_keep_the_ttl():
     store = default_root().sessions
     with Session.create(ttl=IDLE * 4, quota="16m") as s:
         s.run_cell("y = 3")
@@ -120,9 +120,11 @@ def test_a_callers_pause_stays_until_they_resume_it_and_an_idle_pause_keeps_the_
         assert pauser.sweep() == {s.id: "state"}
         # the idle pause counts the TTL: past it, the session expires ...
         assert store.expired(replace(store.load(s.id), last_used=time.time() - IDLE * 5))
-        # ... a caller's pause of it makes it the caller's: kept (paused retention), and calls refused
+        # ... a caller's pause of it makes it the caller's: calls refused, and its TTL counts from
+        # that pause (issue 52 finding 9: it was kept 30 days, past its TTL)
         assert s.pause() == "state" and not s.paused_for_idleness
-        assert not store.expired(replace(store.load(s.id), last_used=time.time() - IDLE * 5))
+        assert not store.expired(store.load(s.id))
+        assert store.expired(replace(store.load(s.id), last_used=time.time() - IDLE * 5))
         with pytest.raises(SessionPaused, match="resume it"):
             s.run_cell("y")
         assert pauser.sweep() == {}  # paused already

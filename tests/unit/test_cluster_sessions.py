@@ -84,9 +84,13 @@ def test_expiry_asks_a_sessions_node_only_past_a_bound_and_a_lost_node_does_not_
     assert not store.expired(fresh) and nodes.asked_paused == []  # within both bounds: no call
     idle = SessionRecord("s-00000000000b", now - 100, now - 100, 60, 1, False, "v", "img", {})
     nodes.paused[idle.id] = "memory"
-    assert not store.expired(idle)  # paused: kept for its retention, past its TTL
-    assert nodes.asked_paused == [idle.id]
-    nodes.paused[idle.id] = SessionLost("node gone")
-    assert store.expired(idle)  # its node is gone: expired by its TTL, as a running one
-    nodes.paused[idle.id] = None
-    assert store.expired(idle)
+    assert store.expired(idle)  # past its TTL, paused or not (issue 52 finding 9): no call
+    assert nodes.asked_paused == []
+    long = SessionRecord("s-00000000000c", now - 2000, now - 2000, 10**6, 1, False, "v", "img", {})
+    nodes.paused[long.id] = "memory"
+    assert store.expired(long)  # within its TTL, paused past its retention
+    assert nodes.asked_paused == [long.id]
+    nodes.paused[long.id] = SessionLost("node gone")
+    assert not store.expired(long)  # its node is gone: kept to its TTL, as a running one
+    nodes.paused[long.id] = None
+    assert not store.expired(long)

@@ -13,6 +13,7 @@ provider endpoints the operator listed (providers.py).
     context.py   Api: shared state and the rules a route applies; auth
     runs.py      /v1/runs (optionally streamed), /v1/agent/runs, /v1/usage
     sessions.py  /v1/sessions, files, archives
+    reaper.py    expired sessions and revoked tokens' sessions removed
     e2b/         E2B's control plane, envd and code interpreter (E2B's SDKs, unchanged)
     pages.py     /, /docs, /healthz, /metrics
 """
@@ -39,6 +40,7 @@ from sandloop.server.pages import add_pages
 from sandloop.server.preview import Preview
 from sandloop.server.providers import ProviderEndpoints
 from sandloop.server.quota import QuotaError
+from sandloop.server.reaper import SessionReaper
 from sandloop.server.runs import runs_routes
 from sandloop.server.sessions import session_routes
 from sandloop.server.snapshots import snapshot_routes
@@ -177,4 +179,8 @@ def create_app(
     app.state.preview, app.state.e2b = Preview(api, e2b, preview_domain), e2b
     # An E2B sandbox pauses at its own timeout (E2B's lifecycle), never for idleness.
     root.idle.skip(lambda session_id: e2b.registry.get(session_id) is not None)
+    # Expired sessions (paused ones too) and revoked tokens' sessions, removed while nobody calls.
+    app.state.reaper = reaper = SessionReaper(api, e2b)
+    app.router.on_startup.append(reaper.start)
+    app.router.on_shutdown.append(reaper.stop)
     return app

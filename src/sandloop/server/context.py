@@ -20,7 +20,7 @@ from sandloop.present import result_json
 from sandloop.server.errors import ApiError, error_for
 from sandloop.server.models import LimitsIn
 from sandloop.server.providers import ProviderEndpoints
-from sandloop.server.quota import RateWindow
+from sandloop.server.quota import RateWindow, footprints
 from sandloop.server.tokens import Token, TokenStore
 
 if TYPE_CHECKING:
@@ -129,6 +129,11 @@ class Api:
     def live_sessions(self, token: Token) -> list["SessionRecord"]:
         mine = self.tokens.sessions_of(token.id)
         return [r for r in self.root.list_sessions() if r.id in mine]
+
+    def held(self, token: Token) -> list[int]:
+        """What each of the token's live sessions holds against its ``--max-workspace``: its
+        quota, and its pause's bytes while paused (``quota.footprints``)."""
+        return footprints(self.root.sessions, self.live_sessions(token))
 
     # -- answers ---------------------------------------------------------------------------------
     def count(self, result: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from sandloop import languages
 from sandloop.contract import SandboxError, SandboxLimits, SessionNotFound, parse_size
 from sandloop.contract.egress import Secret, covers
 from sandloop.present import format_execution, present_http
-from sandloop.server.quota import QuotaError, RateWindow, check_session_room
+from sandloop.server.quota import QuotaError, RateWindow, check_session_room, check_snapshot_room, footprints
 from sandloop.server.tokens import Token, TokenStore
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def create_mcp_server(
                 root.templates.image_for(template, owner=token.id if token is not None else None)
             if token is not None and tokens is not None:
                 mine = tokens.sessions_of(token.id)
-                live = [r.quota_bytes for r in root.list_sessions() if r.id in mine]
+                live = footprints(root.sessions, [r for r in root.list_sessions() if r.id in mine])
                 check_session_room(token, live, parse_size(quota))
             s = root.create_session(lim, ttl=ttl_seconds, quota=quota, template=template)
             if token is not None and tokens is not None:
@@ -257,7 +257,8 @@ def create_mcp_server(
     def session_fork(ctx: Context, session_id: str, count: int = 1, paused: bool = False) -> CallToolResult:
         with metered(ctx) as token, session_lock, attach(token, session_id) as s:
             if token is not None and tokens is not None:
-                live = [r.quota_bytes for r in root.list_sessions() if r.id in tokens.sessions_of(token.id)]
+                mine = tokens.sessions_of(token.id)
+                live = footprints(root.sessions, [r for r in root.list_sessions() if r.id in mine])
                 for i in range(count if isinstance(count, int) else 1):
                     check_session_room(token, live + [s.record.quota_bytes] * i, s.record.quota_bytes)
             children = s.fork(count, paused=paused)
@@ -275,6 +276,10 @@ def create_mcp_server(
     def session_pause(ctx: Context, session_id: str) -> CallToolResult:
         with metered(ctx) as token:
             check_owner(token, session_id)
+            if token is not None and tokens is not None:  # what it keeps counts once made (quota.footprints)
+                mine = tokens.sessions_of(token.id)
+                live = footprints(root.sessions, [r for r in root.list_sessions() if r.id in mine])
+                check_snapshot_room(token, live, root.snapshots.total_bytes(token.id))
             with root.attach_session(session_id, resume=False) as s:
                 return _text(f"paused {session_id}: kept its {s.pause()}")
 

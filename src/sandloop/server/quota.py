@@ -8,9 +8,13 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from sandloop.contract import parse_size
 from sandloop.server.tokens import Token, TokenStore
+
+if TYPE_CHECKING:
+    from sandloop.sessions.store import SessionRecord, SessionStore
 
 
 class QuotaError(Exception):
@@ -71,9 +75,21 @@ class RateWindow:
             self.leave(token)
 
 
-def check_session_room(token: Token, live_quotas: Iterable[int], quota_bytes: int) -> None:
-    """Refuse a new session past the token's count or total workspace ceiling (403)."""
-    live = list(live_quotas)
+def footprints(sessions: SessionStore, records: Iterable[SessionRecord]) -> list[int]:
+    """What each live session holds against its token's ``--max-workspace``: its workspace quota,
+    and the bytes on disk of its pause (its memory image or state) while it is paused.
+
+    Counted once made, as a snapshot's bytes are: a pause's size is known only when it is
+    written (a gVisor image is the memory the sandbox touched, not its limit), so the token's
+    next create, pause, snapshot or fork is refused instead (issue 52 finding 9: pauses were
+    not counted, and a 512m token put 1.5 GiB on disk under gVisor)."""
+    return [r.quota_bytes + sessions.paused_bytes(r.id) for r in records]
+
+
+def check_session_room(token: Token, live_footprints: Iterable[int], quota_bytes: int) -> None:
+    """Refuse a new session past the token's count or total workspace ceiling (403);
+    ``live_footprints``: its live sessions' (``footprints``)."""
+    live = list(live_footprints)
     if len(live) >= token.max_sessions:
         raise QuotaError(
             403,
@@ -85,22 +101,24 @@ def check_session_room(token: Token, live_quotas: Iterable[int], quota_bytes: in
         raise QuotaError(
             403,
             "over_token_limit",
-            f"this token may hold {token.max_workspace} of workspace in all; its live sessions hold "
-            f"{sum(live)} bytes, so ask for a smaller quota or delete a session",
+            f"this token may hold {token.max_workspace} of workspace in all (--max-workspace); its live sessions "
+            f"hold {sum(live)} bytes (their quotas and paused sessions' images), so ask for a smaller quota, "
+            "resume a paused session (its image is removed) or delete a session",
         )
 
 
-def check_snapshot_room(token: Token, live_quotas: Iterable[int], snapshot_bytes: int) -> None:
-    """Refuse a new snapshot (a pause, a fork) once the token's sessions' quotas and its
-    snapshots' disk together reach its workspace ceiling (403)."""
+def check_snapshot_room(token: Token, live_footprints: Iterable[int], snapshot_bytes: int) -> None:
+    """Refuse a new snapshot, pause or fork once the token's sessions (``footprints``: quotas
+    and paused images) and its snapshots' disk together reach its workspace ceiling (403)."""
     ceiling = parse_size(token.max_workspace)
-    held = sum(live_quotas) + snapshot_bytes
+    held = sum(live_footprints) + snapshot_bytes
     if held >= ceiling:
         raise QuotaError(
             403,
             "over_token_limit",
-            f"this token may hold {token.max_workspace} of workspace and snapshots in all (--max-workspace); its "
-            f"sessions and snapshots hold {held} bytes: delete a snapshot (DELETE /v1/snapshots/ID) or a session",
+            f"this token may hold {token.max_workspace} of workspace, paused sessions and snapshots in all "
+            f"(--max-workspace); its sessions and snapshots hold {held} bytes: delete a snapshot "
+            "(DELETE /v1/snapshots/ID), resume a paused session (its image is removed) or delete a session",
         )
 
 

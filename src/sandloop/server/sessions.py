@@ -45,7 +45,7 @@ def session_routes(api: Api) -> APIRouter:
         if body.template is not None:  # one this token may see (its own, or the operator's)
             root.templates.image_for(body.template, owner=token.id)
         with rates.use(token), session_lock:  # one check-and-create at a time, so two cannot both fit
-            check_session_room(token, [r.quota_bytes for r in live_sessions(token)], quota)
+            check_session_room(token, api.held(token), quota)
             s = root.create_session(limits, ttl=body.ttl_seconds, quota=body.quota, template=body.template)
             store.own(s.id, token.id)
             s.close()

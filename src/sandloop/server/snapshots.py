@@ -20,7 +20,7 @@ from sandloop.sessions.snapshots import SnapshotRecord, describe
 def snapshot_routes(api: Api) -> APIRouter:
     router = APIRouter()
     root, tokens, rates, session_lock = api.root, api.tokens, api.rates, api.session_lock
-    owned, live_sessions = api.owned, api.live_sessions
+    owned, held = api.owned, api.held
 
     def mine(token: Any, snapshot_id: str) -> SnapshotRecord:
         snap = root.snapshots.get(snapshot_id)
@@ -29,12 +29,15 @@ def snapshot_routes(api: Api) -> APIRouter:
         return snap
 
     def room_for_snapshot(token: Any) -> None:
-        check_snapshot_room(token, [r.quota_bytes for r in live_sessions(token)], root.snapshots.total_bytes(token.id))
+        check_snapshot_room(token, held(token), root.snapshots.total_bytes(token.id))
 
     @router.post("/v1/sessions/{session_id}/pause")
     def pause(session_id: str, token: Auth) -> dict[str, Any]:
-        """Stop the session's interpreter, keeping its memory (gVisor) or picklable state (runc)."""
+        """Stop the session's interpreter, keeping its memory (gVisor) or picklable state (runc);
+        refused once the token's sessions, pauses and snapshots reach its --max-workspace (what
+        the pause keeps counts against it from then on: ``quota.footprints``)."""
         with rates.use(token), owned(token, session_id) as s:
+            room_for_snapshot(token)
             kind = s.pause()
             return {**session_json(s.record), "paused": kind}
 
@@ -49,7 +52,7 @@ def snapshot_routes(api: Api) -> APIRouter:
         """``count`` new sessions, each as this one is now, with their own workspace and memory;
         ``paused``: made paused, each resumed at its first call."""
         with rates.use(token), session_lock, owned(token, session_id) as s:
-            live = [r.quota_bytes for r in live_sessions(token)]
+            live = held(token)
             for i in range(body.count):  # each child is a session of the token's
                 check_session_room(token, live + [s.record.quota_bytes] * i, s.record.quota_bytes)
             room_for_snapshot(token)
@@ -90,7 +93,7 @@ def snapshot_routes(api: Api) -> APIRouter:
 
         snap = mine(token, snapshot_id)
         with rates.use(token), session_lock:
-            check_session_room(token, [r.quota_bytes for r in live_sessions(token)], snap.quota_bytes)
+            check_session_room(token, held(token), snap.quota_bytes)
             s = Session.from_snapshot(snap.id, ttl=body.ttl_seconds, root=root)
             tokens.own(s.id, token.id)
             s.close()

@@ -69,8 +69,14 @@ class SessionSnapshots(SessionParts):
         if self._store.remote is not None:  # where it lives (a Ray node), by the code below run there
             with self._kernel.locked():
                 self._kernel.forget()  # that host lets go of the interpreter it checkpoints or stops
-                return self._store.remote.pause_session(asdict(self._record), keep_memory)
-        return self.pause_here(keep_memory=keep_memory)
+                kind = self._store.remote.pause_session(asdict(self._record), keep_memory)
+        else:
+            kind = self.pause_here(keep_memory=keep_memory)
+        # A pause is a use: its idle TTL counts from now, paused or not (``SessionStore.expired``).
+        self._record.last_used = time.time()
+        with contextlib.suppress(OSError, SandboxError):  # as ``touch``: the pause is made
+            self._store.save(self._record)
+        return kind
 
     def pause_here(self, *, keep_memory: bool = True, idle: bool = False) -> str:
         """``pause`` on the host that holds the session's workspace and interpreter; ``idle``:

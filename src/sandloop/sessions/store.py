@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from sandloop.contract import HostDiskFull, SandboxError, SessionDamaged, SessionNotFound
-from sandloop.paths import default_home, write_atomically
+from sandloop.paths import default_home, tree_size, write_atomically
 from sandloop.runtime.base import Housekeeping, RemoteSessions, WorkspaceRef, Workspaces
 from sandloop.runtime.labels import SESSION_LABEL, owner_alive
 from sandloop.sessions.snapshots import PAUSED, paused_for_idleness, paused_kind
@@ -92,7 +92,8 @@ class SessionStore:
         records nor reaps."""
         self.backend = backend
         self.root = (home or default_home()) / "sessions"
-        #: A paused session's idle clock stops: it is kept this long after it was last used instead.
+        #: The longest a paused session is kept after it was last used (its idle TTL counts on:
+        #: it goes at whichever comes first).
         self.paused_retention = paused_retention
         #: Where records live when not in this host's files.
         self.shared = backend if isinstance(backend, SharedRecords) else None
@@ -117,17 +118,28 @@ class SessionStore:
         d = self._dir(session_id)
         return paused_kind(d) is not None or (d / f".{PAUSED}").exists()
 
+    def paused_bytes(self, session_id: str) -> int:
+        """Bytes on disk of the session's pause (its memory image or state), 0 while it runs; what
+        it holds beyond its workspace (counted against a token's ``--max-workspace``). 0 for a
+        session on another host (a cluster's node keeps its pause)."""
+        if self.remote is not None:
+            return 0
+        d = self._dir(session_id) / PAUSED
+        return tree_size(d) if d.is_dir() else 0
+
     def expired(self, record: SessionRecord, now: float | None = None) -> bool:
+        """Past its idle TTL, paused or not (issue 52 finding 9: a caller's pause was kept 30 days
+        whatever its TTL; a pause is a use, so its TTL counts from it); a paused one also past
+        ``paused_retention``, if that comes first."""
         now = time.time() if now is None else now
-        if now <= min(record.expires_at, record.last_used + self.paused_retention):
-            return False  # past neither bound: whether it is paused does not matter (no call to its node)
+        if record.expires_at < now:
+            return True
+        if now <= record.last_used + self.paused_retention:
+            return False  # whether it is paused does not matter (no call to its node)
         try:
-            paused = self.paused(record.id)
+            return self.paused(record.id) is not None
         except SandboxError:  # its node is gone: nothing of it is kept, paused or not
-            paused = None
-        if paused and not self.idle_paused(record.id):
-            return record.last_used + self.paused_retention < now  # an idle pause keeps the TTL
-        return record.expires_at < now
+            return False
 
     def _dir(self, session_id: str) -> Path:
         if not session_id.startswith("s-") or not session_id[2:].isalnum():

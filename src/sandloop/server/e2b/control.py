@@ -185,7 +185,7 @@ def control_routes(e2b: E2B) -> APIRouter:
         e2b.reap()
         e2b.start_reaper()
         with api.rates.use(token), api.session_lock:
-            check_session_room(token, [r.quota_bytes for r in api.live_sessions(token)], quota)
+            check_session_room(token, api.held(token), quota)
             s = api.root.create_session(limits, ttl=timeout + TTL_MARGIN, quota=quota, template=own)
             api.tokens.own(s.id, token.id)
             box = api_registry.add(
@@ -225,7 +225,7 @@ def control_routes(e2b: E2B) -> APIRouter:
             )
         timeout = _timeout(body.get("timeout"), DEFAULT_TIMEOUT)
         with api.rates.use(token), api.session_lock:
-            check_session_room(token, [r.quota_bytes for r in api.live_sessions(token)], snap.quota_bytes)
+            check_session_room(token, api.held(token), snap.quota_bytes)
             s = Session.from_snapshot(snap.id, ttl=timeout + TTL_MARGIN, root=api.root)
             api_registry.set_public_traffic(s.id, public)
             box = register(token, s, snapshot_id, timeout, source, body)
@@ -261,6 +261,8 @@ def control_routes(e2b: E2B) -> APIRouter:
             if e2b.paused(sandbox_id):
                 raise E2BError(409, f"sandbox {sandbox_id} is already paused")
             with api.rates.use(token):
+                # its image counts against the key's --max-workspace once made (quota.footprints)
+                check_snapshot_room(token, api.held(token), api.root.snapshots.total_bytes(token.id))
                 e2b.pause(sandbox_id, keep_memory=body.get("memory") is not False)
 
         await run_in_threadpool(work)
@@ -290,9 +292,7 @@ def control_routes(e2b: E2B) -> APIRouter:
         def work() -> dict[str, Any]:
             e2b.mine(token, sandbox_id)
             with api.rates.use(token):
-                check_snapshot_room(
-                    token, [r.quota_bytes for r in api.live_sessions(token)], api.root.snapshots.total_bytes(token.id)
-                )
+                check_snapshot_room(token, api.held(token), api.root.snapshots.total_bytes(token.id))
                 snap = e2b.session(sandbox_id).snapshot(name, owner=token.id)
                 if not api_registry.public_traffic(sandbox_id):
                     api_registry.keep_snapshot_private(snap.id)
@@ -319,7 +319,7 @@ def control_routes(e2b: E2B) -> APIRouter:
         def work() -> list[dict[str, Any]]:
             source = e2b.mine(token, sandbox_id)
             with api.rates.use(token), api.session_lock:
-                live = [r.quota_bytes for r in api.live_sessions(token)]
+                live = api.held(token)
                 quota = parse_size(WORKSPACE_QUOTA)
                 check_session_room(token, live + [quota] * (count - 1), quota)
                 children = e2b.session(sandbox_id).fork(count)

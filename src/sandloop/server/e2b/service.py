@@ -287,7 +287,15 @@ class E2B:
             return True
 
     def pause(self, sandbox_id: str, *, keep_memory: bool = True) -> str:
-        kind = self.session(sandbox_id).pause(keep_memory=keep_memory)
+        with self._lifecycle(sandbox_id):
+            s = self.session(sandbox_id)
+            kind = s.pause(keep_memory=keep_memory)
+            # Paused, it waits for its connect (or its traffic, with auto-resume), as E2B's do, up
+            # to the server's paused_retention_seconds: not its session's TTL (its timeout plus a
+            # minute), which would remove it a minute after its timeout. A resume sets the TTL
+            # again (set_timeout); its key's revocation removes it (server/reaper.py).
+            s.record.ttl_seconds = self.api.root.sessions.paused_retention
+            self.api.root.sessions.save(s.record)
         if self.ptys is not None:
             self.ptys.forget(sandbox_id)  # its terminals went with its interpreter
         with self._lock:
