@@ -3,6 +3,7 @@ output, open a session, see a chart."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -370,3 +371,65 @@ def test_a_terminal_panel_types_inside_and_a_port_is_previewed(page, tmp_path):
     page.keyboard.type("exit\n")
     expect(page.locator("#terminal-status")).to_have_text("the shell ended (exit 0)", timeout=60_000)
     expect(page.locator("#open-terminal")).to_be_enabled()
+
+
+#: A hostile page in the sandbox (issue 52 findings 1 and 2): it reports where it runs and what
+#: of the playground's it can read; the server beside it logs every request it is sent.
+HOSTILE_PAGE = """<!doctype html><html><body><pre id="out">waiting</pre><script>
+document.getElementById("out").textContent = JSON.stringify({
+  origin: location.origin, href: location.href, cookie: document.cookie, referrer: document.referrer,
+  token: (() => { try { return localStorage.getItem("sandloop-token"); } catch (e) { return "error:" + e; } })(),
+});
+</script></body></html>"""
+LOGGING_SERVER = r"""
+import http.server, subprocess, sys
+class Logged(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+    def do_GET(self):
+        with open("/workspace/requests.log", "a") as log:
+            log.write(self.requestline + "\n" + str(self.headers) + "\n")
+        super().do_GET()
+http.server.ThreadingHTTPServer(("127.0.0.1", 8000), Logged).serve_forever()
+"""
+
+
+def test_a_previewed_page_runs_on_its_own_origin_and_sees_no_token(page, tmp_path):
+    """The playground's port preview of a hostile page: the page runs on the preview's own
+    origin (not the API's: it cannot read the playground's token from its storage), cannot read
+    the preview cookie, and its server never sees the token, however it was given."""
+    import httpx
+
+    expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-"), timeout=60_000)
+    sid = page.locator("#session-id").inner_text()
+    auth = {"Authorization": f"Bearer {page.secret}"}
+    with httpx.Client(base_url=page.base_url, timeout=60, headers=auth) as client:
+        assert client.put(f"/v1/sessions/{sid}/files/index.html", content=HOSTILE_PAGE.encode()).status_code == 200
+        assert client.put(f"/v1/sessions/{sid}/files/serve.py", content=LOGGING_SERVER.encode()).status_code == 200
+        cell = client.post(
+            f"/v1/sessions/{sid}/cells",
+            json={"code": "import subprocess; subprocess.Popen(['python3', '/workspace/serve.py'], cwd='/workspace')"},
+        )
+        assert cell.status_code == 200, cell.text
+    page.fill("#preview-port", "8000")
+    frame = page.frame_locator("#port-frame")
+    for _ in range(60):  # the server inside takes a moment to listen: the preview answers 502 until then
+        page.click("#open-port")
+        try:
+            expect(frame.locator("#out")).to_contain_text("origin", timeout=2_000)
+            break
+        except AssertionError:
+            continue
+    seen = json.loads(frame.locator("#out").inner_text())
+    port = page.base_url.rsplit(":", 1)[1]
+    # the preview's own keyed origin, not the API's
+    assert re.fullmatch(rf"http://8000-{sid}\.k[0-9a-f]{{36}}\.localhost:{port}", seen["origin"]), seen
+    # the playground's storage is not this origin's (Chromium refuses a third-party frame any at all)
+    assert (seen["token"] is None or seen["token"].startswith("error:")) and page.secret not in json.dumps(seen)
+    assert seen["cookie"] == "" and seen["referrer"] == "", seen
+    assert "sandloop_token" not in seen["href"], seen
+    shot(page, tmp_path, "playground-hostile-preview")
+    with httpx.Client(base_url=page.base_url, timeout=60, headers=auth) as client:
+        log = client.get(f"/v1/sessions/{sid}/files/requests.log")
+    assert log.status_code == 200 and "GET / HTTP/1.1" in log.text, log.text
+    assert page.secret not in log.text and "sandloop_preview" not in log.text, log.text

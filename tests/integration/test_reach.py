@@ -224,21 +224,20 @@ def test_preview_urls_by_host_and_by_path_with_their_access(server):
             r = client.get(f"/sandboxes/{sid}/ports/8000/hello.txt?a=1", headers=auth)
             assert r.status_code == 307, r.text
             assert r.headers["location"] == f"http://{host}/hello.txt?a=1"
-            # a token once in the query (a browser's first visit): a redirect to the URL without it,
-            # and a cookie for this preview that is not the token
+            # a token once in the query (a browser's first visit): a redirect to the same page on the
+            # preview's keyed origin, whose key is not the token and opens only this port
             r = client.get(f"/hello.txt?b=2&sandloop_token={mine}", headers={"Host": host})
-            assert r.status_code == 307 and r.headers["location"] == "/hello.txt?b=2", r.text
-            assert r.headers["referrer-policy"] == "no-referrer"
-            cookie = r.headers["set-cookie"]
-            assert "sandloop_preview=" in cookie and mine not in cookie and "HttpOnly" in cookie
-            key = cookie.split(";")[0].split("=", 1)[1]
-            r = client.get("/hello.txt", headers={"Host": host, "Cookie": f"sandloop_preview={key}"})
+            assert r.status_code == 307 and r.headers["referrer-policy"] == "no-referrer", r.text
+            keyed = httpx.URL(r.headers["location"])
+            assert keyed.path == "/hello.txt" and keyed.query == b"b=2" and mine not in str(keyed)
+            assert keyed.host.startswith(f"8000-{sid}.k") and keyed.host.endswith(".localhost")
+            r = client.get("/hello.txt", headers={"Host": f"{keyed.host}:{port}"})
             assert (r.status_code, r.text) == (200, "previewed\n")
-            other_port = client.get(
-                "/", headers={"Host": f"8001-{sid}.localhost:{port}", "Cookie": f"sandloop_preview={key}"}
-            )
+            key = keyed.host.split(".")[1]
+            other_port = client.get("/", headers={"Host": f"8001-{sid}.{key}.localhost:{port}"})
             assert other_port.status_code == 401  # the key is for port 8000 only
-            client.cookies.clear()  # (httpx kept it as a browser would)
+            forged = client.get("/", headers={"Host": f"8000-{sid}.{key[:-1]}0.localhost:{port}"})
+            assert forged.status_code == 401
 
             refused = client.get("/hello.txt", headers={"Host": host})
             assert refused.status_code == 401 and "send a token that owns it" in refused.json()["message"]

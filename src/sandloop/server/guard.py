@@ -32,11 +32,13 @@ from sandloop.server.tokens import Token, TokenStore
 
 SECURITY_HEADERS = [
     # Scripts, styles and fonts only from this origin (the playground and /docs serve their own
-    # assets); inline styles are allowed for the editor and Swagger UI's generated markup.
+    # assets); inline styles are allowed for the editor and Swagger UI's generated markup. Frames
+    # may show other origins: the playground's port preview is served on its own origin.
     (
         b"content-security-policy",
         b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
-        b"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+        b"connect-src 'self'; frame-src 'self' http: https:; frame-ancestors 'none'; base-uri 'none'; "
+        b"form-action 'self'",
     ),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),

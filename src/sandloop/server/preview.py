@@ -15,18 +15,22 @@ protocol hands such a connection over whole):
 A relayed connection serves exactly one preview target, and both directions are parsed as HTTP
 with h11 (one ``h11.Connection`` facing the client, one facing the sandbox), never patched as
 bytes: each request is re-serialized with the owner's credentials taken out (``Authorization``
-and ``X-API-Key`` holding a sandloop key, the preview cookie, ``e2b-traffic-access-token``,
+and ``X-API-Key`` holding a sandloop key, a ``sandloop_preview`` cookie, ``e2b-traffic-access-token``,
 ``?sandloop_token=``: issue 52 finding 2), a request for another host on the same connection is
 refused (421), and after a WebSocket's (or any) ``101`` the bytes go through as they are.
 
 Access: a token that owns the session (``Authorization: Bearer``), or, in a browser,
-``?sandloop_token=`` once: that visit is answered with a redirect to the same URL without it
-(``Referrer-Policy: no-referrer``) and a cookie whose value is a key for that sandbox and port
-only (an HMAC under this server's secret, naming the token: never the token itself, void when
-the token is revoked or the server restarts); or the E2B sandbox's traffic access token
-(``e2b-traffic-access-token``); an E2B sandbox is public unless it was created with
-``network.allow_public_traffic = false``, as E2B's are. A paused E2B sandbox with auto-resume
-wakes on its first request.
+``?sandloop_token=`` once: that visit is answered with a redirect (``Referrer-Policy:
+no-referrer``) to the same page on the preview's *keyed origin*,
+``<port>-<id>.k<key>.<domain>``, whose key is good for that sandbox and port only (an HMAC under
+this server's secret naming the token: never the token itself, void once the token is revoked
+or the server restarts). The key rides in the host name, not a cookie, because a preview is
+often shown in a frame of another site (the playground), where browsers neither set nor send
+third-party cookies (Chromium's incognito contexts: measured, the frame got 401). The sandbox
+may see its own key: it opens only that same port of that same sandbox. Or the E2B sandbox's
+traffic access token (``e2b-traffic-access-token``); an E2B sandbox is public unless it was
+created with ``network.allow_public_traffic = false``, as E2B's are. A paused E2B sandbox with
+auto-resume wakes on its first request.
 
 Bounded: ``MAX_CONNECTIONS`` per sandbox (the agent's channels), of which visitors without the
 owner's token (a public E2B sandbox's) hold at most ``ANONYMOUS_SHARE`` and open at most
@@ -71,6 +75,7 @@ log = logging.getLogger(__name__)
 #: stay the API's (``E2BSplit``).
 E2B_PORTS = (49983, 49999)
 HOST_FORM = re.compile(r"^(\d{1,5})-([A-Za-z0-9_-]{1,64})\.(.+?)(:\d+)?$")
+KEYED_FORM = re.compile(r"^(\d{1,5})-([A-Za-z0-9_-]{1,64})\.k([0-9a-f]{12})([0-9a-f]{24})\.(.+?)(:\d+)?$")
 PATH_FORM = re.compile(r"^/sandboxes/([A-Za-z0-9_-]{1,64})/ports/(\d{1,5})(/[^?]*)?(\?.*)?$")
 #: The longest preview request head (h11's own limit for the API's: a longer one is the API's to refuse).
 MAX_HEAD = 16 * 1024
@@ -104,6 +109,8 @@ class Target:
     headers: dict[str, str]
     host: str = ""
     query_token: str = ""
+    #: The keyed origin's parts: the token id's hex and the HMAC.
+    key: tuple[str, str] = ("", "")
     #: An answer given without reaching the sandbox (the path form's redirect).
     answer: bytes = b""
 
@@ -111,7 +118,7 @@ class Target:
 @dataclass
 class Grant:
     """Who a relay serves: the owner's token (its id), or an anonymous visitor of a public E2B
-    sandbox; and, for a token given once in the query, the redirect that sets the cookie."""
+    sandbox; and, for a token given once in the query, the redirect to the keyed origin."""
 
     reach: Reach | None
     token_id: str | None
@@ -203,7 +210,7 @@ class Preview:
         #: "https" when the server is served with TLS (``lifecycle.serve_forever``): the path
         #: form's redirect keeps the scheme.
         self.scheme = "http"
-        #: The key of preview cookies: this process's, so a restart voids them all.
+        #: The key of keyed origins: this process's, so a restart voids them all.
         self._secret = secrets.token_bytes(32)
         self._opens: dict[str, tuple[float, float]] = {}  # sandbox -> (anonymous opens allowed, when)
         self._opens_lock = threading.Lock()
@@ -215,6 +222,13 @@ class Preview:
             return None
         method, target, version, headers = parsed
         host = headers.get("host", "").lower()
+        keyed = KEYED_FORM.match(host)
+        if keyed and keyed.group(5) == self.domain and int(keyed.group(1)) not in E2B_PORTS:
+            _, _, query = target.partition("?")
+            _, token = _strip_token(query)
+            found = Target(keyed.group(2), int(keyed.group(1)), head, headers, host, token)
+            found.key = (keyed.group(3), keyed.group(4))
+            return found
         by_host = HOST_FORM.match(host)
         if by_host and by_host.group(3) == self.domain and int(by_host.group(1)) not in E2B_PORTS:
             _, _, query = target.partition("?")
@@ -239,37 +253,35 @@ class Preview:
         return None
 
     # -- access --------------------------------------------------------------------------------
-    def cookie_key(self, token_id: str, session_id: str, port: int) -> str:
-        """The preview cookie's value: good for this sandbox and port only, while the token lives."""
+    def preview_key(self, token_id: str, session_id: str, port: int) -> str:
+        """The keyed origin's label: good for this sandbox and port only, while the token lives."""
         mac = hmac.new(self._secret, f"{token_id}\0{session_id}\0{port}".encode(), hashlib.sha256).hexdigest()
-        return f"k1.{token_id}.{mac}"
+        return f"k{token_id.removeprefix('tok_')}{mac[:24]}"
 
-    def _cookie_token(self, target: Target) -> str | None:
-        """The token id a valid preview cookie of this target names."""
-        for part in target.headers.get("cookie", "").split(";"):
-            name, _, value = part.strip().partition("=")
-            if name != COOKIE:
-                continue
-            version, _, rest = value.partition(".")
-            token_id, _, _ = rest.partition(".")
-            if version == "k1" and hmac.compare_digest(
-                value, self.cookie_key(token_id, target.session_id, target.port)
-            ):
-                return token_id
-        return None
+    def _key_token(self, target: Target) -> str | None:
+        """The token id a valid keyed origin of this target names."""
+        hexid, mac = target.key
+        if not hexid:
+            return None
+        token_id = "tok_" + hexid
+        wanted = self.preview_key(token_id, target.session_id, target.port)
+        return token_id if hmac.compare_digest(f"k{hexid}{mac}", wanted) else None
 
     def _token_id(self, target: Target) -> tuple[str | None, bool]:
-        """(the id of a live token the request carries, whether it carried any credential)."""
+        """(the id of a live token the request carries, whether it carried any credential). A
+        bearer that is not a sandloop key may be the app's own: the keyed origin still counts."""
         auth = target.headers.get("authorization", "")
-        secret = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-        secret = secret or target.query_token
-        if secret:
-            token = self.api.tokens.verify(secret)
-            return (token.id if token is not None else None), True
-        cookie = self._cookie_token(target)
-        if cookie is not None:
-            return (cookie if self.api.tokens.get(cookie) is not None else None), True
-        return None, False
+        carried = False
+        for secret in (auth[7:].strip() if auth.lower().startswith("bearer ") else "", target.query_token):
+            if secret:
+                carried = True
+                token = self.api.tokens.verify(secret)
+                if token is not None:
+                    return token.id, True
+        keyed = self._key_token(target)
+        if keyed is not None and self.api.tokens.get(keyed) is not None:
+            return keyed, True
+        return None, carried or bool(target.key[0])
 
     def token_alive(self, token_id: str) -> bool:
         return self.api.tokens.get(token_id) is not None
@@ -326,7 +338,7 @@ class Preview:
         if target.query_token:
             if grant.token_id is None:
                 raise Refused(401, f"sandbox {sid}: the {TOKEN_PARAM} given does not own it")
-            grant.answer = self._to_cookie(target, grant.token_id)
+            grant.answer = self._to_keyed(target, grant.token_id)
             return grant
         if box is not None and self.e2b is not None:
             from sandloop.server.e2b.service import E2BError
@@ -338,24 +350,23 @@ class Preview:
         grant.reach = self._reach(sid)
         return grant
 
-    def _to_cookie(self, target: Target, token_id: str) -> bytes:
-        """A visit with the token in its query: a redirect to the same URL without it, and the
-        preview's cookie (``no-referrer``: the token leaves no trace in the next page's Referer)."""
+    def _to_keyed(self, target: Target, token_id: str) -> bytes:
+        """A visit with the token in its query: a redirect to the same page on the preview's keyed
+        origin, without the token (``no-referrer``: it leaves no trace in the next page's Referer)."""
         parsed = _parse_head(target.head)
         path, _, query = (parsed[1] if parsed else "/").partition("?")
         rest, _ = _strip_token(query)
-        key = self.cookie_key(token_id, target.session_id, target.port)
-        secure = "; Secure" if self.scheme == "https" else ""
+        server_port = re.search(r":\d+$", target.host)
+        origin = (
+            f"{self.scheme}://{target.port}-{target.session_id}."
+            f"{self.preview_key(token_id, target.session_id, target.port)}.{self.domain}"
+            f"{server_port.group(0) if server_port else ''}"
+        )
         return answer(
             303 if parsed and parsed[0] not in ("GET", "HEAD") else 307,
-            "Redirect",
-            [
-                ("Location", path + rest),
-                ("Set-Cookie", f"{COOKIE}={key}; Path=/; HttpOnly; SameSite=Lax{secure}"),
-                ("Referrer-Policy", "no-referrer"),
-                ("Content-Type", "text/plain"),
-            ],
-            b"the token is now a cookie for this preview\n",
+            "Temporary Redirect",
+            [("Location", origin + path + rest), ("Referrer-Policy", "no-referrer"), ("Content-Type", "text/plain")],
+            b"this preview's own origin, without the token\n",
         )
 
     def _reach(self, session_id: str) -> Reach:

@@ -622,8 +622,8 @@ function closeTerminal(hangUp) {
 function previewPort() {
   const port = parseInt($("preview-port").value, 10);
   if (!session || !(port >= 1 && port <= 65535)) return;
-  // The path form, on this origin: the server gives its answer an opaque origin of its own (CSP
-  // sandbox), and turns the token given once here into a cookie for that preview only.
+  // The path form: the server redirects it to the preview's own origin, keyed for this sandbox
+  // and port only (the token given once here never reaches the sandbox, nor its page this origin).
   const path = `/sandboxes/${session}/ports/${port}/`;
   const url = `${path}?sandloop_token=${encodeURIComponent($("token").value.trim())}`;
   $("port-frame").hidden = false;
