@@ -329,3 +329,35 @@ def test_a_terminal_over_http(server):
             assert bad.status_code == 400 and "cols" in bad.json()["message"]
         finally:
             client.delete(f"/v1/sessions/{sid}", headers=auth)
+
+
+#: Run as the sandbox's code: the agent's process found by its name, then its stream reopened
+#: and its memory opened through /proc, as issue 52 finding 4 did (both on runc, the first on
+#: gVisor too).
+FORGE = r"""
+import os
+def named(p):
+    with open(f"/proc/{p}/cmdline", "rb") as f:
+        return b"sandloop-reach-agent" in f.read()
+agents = [p for p in os.listdir("/proc") if p.isdigit() and named(p)]
+print("agents", len(agents))
+for pid in agents:
+    for what, mode in (("fd/0", os.O_RDONLY), ("fd/1", os.O_WRONLY), ("mem", os.O_RDWR)):
+        try:
+            os.close(os.open(f"/proc/{pid}/{what}", mode))
+            print("opened", what)
+        except OSError as exc:
+            print("refused", what, exc.errno)
+"""
+
+
+def test_the_sandboxes_code_cannot_take_over_the_agents_stream(runtime):
+    """The agent is non-dumpable: its /proc/<pid>/fd and mem are root's, so code in the sandbox
+    (its user, no capabilities) can neither reopen the agent's stdin and stdout to forge frames
+    nor write its memory."""
+    with Session(limits=SandboxLimits(runtime=runtime)) as s:
+        term = s.terminal(cmd=["/bin/sleep", "60"])  # the agent runs
+        out = s.run_cell(FORGE).stdout
+        term.close()
+    assert "agents 1" in out, out
+    assert "opened" not in out and out.count("refused") == 3, out
