@@ -343,7 +343,7 @@ class DirectKernels:
         # non-dumpable: issue 52 finding 4), a socket cannot (ENXIO).
         ours, theirs = socket.socketpair()
         try:
-            process = subprocess.Popen(command, stdin=theirs, stdout=theirs, bufsize=0)
+            process = subprocess.Popen(command, stdin=theirs.fileno(), stdout=theirs.fileno(), bufsize=0)
         except BaseException:
             ours.close()
             raise
