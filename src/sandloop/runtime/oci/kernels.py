@@ -343,13 +343,13 @@ class DirectKernels:
         # non-dumpable: issue 52 finding 4), a socket cannot (ENXIO).
         ours, theirs = socket.socketpair()
         try:
-            process = subprocess.Popen(command, stdin=theirs.fileno(), stdout=theirs.fileno(), bufsize=0)
+            started = subprocess.Popen(command, stdin=theirs.fileno(), stdout=theirs.fileno(), bufsize=0)
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
-        return ProcessStream(process, ours)
+        return ProcessStream(started, ours)
 
     def destroy(self, kernel: DirectKernel) -> None:
         kernel.channel.close()
