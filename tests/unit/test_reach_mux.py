@@ -487,3 +487,17 @@ def test_forged_frames_end_the_reach_with_the_reason(forged, why):
         assert _ends_within(reach.stream.process.pid, 30)  # the forger's stream was closed
     finally:
         reach.close()
+
+
+def test_visitors_without_the_token_hold_only_their_share(reach):
+    """Issue 52 finding 6: anonymous visitors of a public sandbox took all of its channels for
+    the idle time; their opens now hold at most their share, and the owner's still open."""
+    port, _ = _echo_server()
+    shared = [reach.begin_connect(port, share=2) for _ in range(2)]
+    with pytest.raises(ReachError, match="2 connections open for visitors without its token"):
+        reach.begin_connect(port, share=2)
+    owner = reach.connect(port)  # (the reach holds 4: two shared, this one)
+    shared[0].close()
+    reach.begin_connect(port, share=2).close()  # room again once one closed
+    for channel in [owner, *shared]:
+        channel.close()
