@@ -517,6 +517,10 @@ class Relay(asyncio.Protocol):
             if len(self.down.trailing_data[0]) > WINDOW:
                 self.transport.pause_reading()
             return
+        if self.raw:  # (what came behind the upgrade went on at the switch)
+            if self.channel.room and not self.transport.is_closing():
+                self.transport.resume_reading()
+            return
         while not self.raw and self.channel.room:
             try:
                 event = self.down.next_event()
@@ -548,8 +552,6 @@ class Relay(asyncio.Protocol):
                 return
             if out:
                 self._offer(out)
-        if self.raw:
-            self._offer(self.down.trailing_data[0])
         if self.channel.room and not self.transport.is_closing():
             self.transport.resume_reading()
 
