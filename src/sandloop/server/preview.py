@@ -464,9 +464,7 @@ class Relay(asyncio.Protocol):
         if self.closed or self.channel is None:
             return
         try:
-            if not self.open:
-                if not self.channel.answered:
-                    return
+            if not self.open and self.channel.answered:
                 try:
                     self.channel.opened()
                 except PortClosed as exc:
@@ -476,9 +474,10 @@ class Relay(asyncio.Protocol):
                     self._refuse(503, f"sandbox {self.target.session_id}: {exc}")
                     return
                 self.open = True
-            self._from_sandbox()
+            if self.open:
+                self._from_sandbox()
             if not self.closed:
-                self._from_client()
+                self._from_client()  # before the open's answer too: the head goes behind the open
         except ReachError:
             self._close()
 
@@ -513,7 +512,7 @@ class Relay(asyncio.Protocol):
 
     def _from_client(self) -> None:
         """The client's requests, cleaned, to the sandbox, as far as the window allows."""
-        if not self.open or self.closed or self.channel is None:
+        if self.closed or self.channel is None:
             if len(self.down.trailing_data[0]) > WINDOW:
                 self.transport.pause_reading()
             return
