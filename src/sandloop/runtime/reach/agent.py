@@ -53,6 +53,11 @@ QUEUED = 4 * WINDOW
 #: Seconds a hung-up terminal's processes have to end before they are killed (a program that
 #: ignores SIGHUP -- one started with it ignored, as under nohup -- outlived its terminal).
 KILL_AFTER = 2.0
+#: A terminal read within CHATTY seconds of the one before rests PACE seconds first: under gVisor's
+#: ptrace platform every write that wakes a waiting reader costs ~0.5 ms (issue 60), so in a burst
+#: the output gathers in the terminal; a keystroke's echo, alone, still comes at once.
+CHATTY = 0.01
+PACE = 0.004
 #: How often a terminal whose output is quiet is asked whether its process ended (gVisor gives
 #: no EIO at a terminal's end), and a closed terminal's process reaped.
 POLL = 0.2
@@ -306,13 +311,20 @@ class Terminal(Channel):
         self.heard = time.monotonic()
         self.exited = False  # EXIT sent
         self.kill_at = None  # hung up: killed then if it has not ended
+        self.rest_until = 0.0  # in a burst: not read until then
 
     def opened(self):
         return {"pid": self.pid}
 
+    def reading(self):
+        return not self.output_ended and time.monotonic() >= self.rest_until
+
     def read(self):
         data = os.read(self.fd, CHUNK)
-        self.heard = time.monotonic()
+        now = time.monotonic()
+        if data and now - self.heard < CHATTY:
+            self.rest_until = now + PACE
+        self.heard = now
         return data
 
     def write(self, data):
@@ -513,7 +525,13 @@ def main():
     host = Host(channels)
     while not host.ended:
         timed = any(isinstance(c, Terminal) or getattr(c, "connecting", False) for c in channels.values())
-        for key, events in selector.select(POLL if timed else None):
+        wait = POLL if timed else None
+        if timed:
+            now = time.monotonic()
+            for channel in channels.values():
+                if isinstance(channel, Terminal) and channel.rest_until > now:
+                    wait = min(wait, channel.rest_until - now)
+        for key, events in selector.select(wait):
             owner = key.data
             if owner is host:
                 host.readable()
@@ -533,6 +551,9 @@ def main():
             now = time.monotonic()
             for number, channel in list(channels.items()):
                 if isinstance(channel, Terminal):
+                    if channel.rest_until and now >= channel.rest_until:
+                        channel.rest_until = 0.0
+                        channel.watch()  # read again after its rest
                     channel.keep_size(now)
                     if channel.tick(now):
                         del channels[number]
