@@ -23,6 +23,7 @@ RUNTIME_FILES = (
     "kernel.js",
     "egress_relay.py",
     "egress-fetch.js",
+    "sandloop_stdio.js",
     "sandloop_stdio.py",
     "sandloop_stdio.pth",
     "sudo",

@@ -98,3 +98,29 @@ def test_a_session_cell_gathers_its_burst_and_keeps_its_order(runtime):
             "import subprocess\nfor i in range(1500):\n    print(i)\nsubprocess.run(['echo', 'child'])\nprint('end')"
         )
         assert cell.stdout.splitlines() == [str(i) for i in range(1500)] + ["child", "end"], cell.stdout[-300:]
+
+
+NODE_BURST = """
+for (let i = 0; i < 3000; i++) {
+  console.log(i);
+  if (i % 500 === 0) console.error("err", i);
+}
+"""
+
+
+def test_node_gathers_a_burst_and_loses_none_of_it(runtime):
+    """Node's writes gathered the same way (``sandloop_stdio.js``): whole and in order, and kept
+    at its own kill and at a child process's start."""
+    limits = SandboxLimits(runtime=runtime)
+    result = run_code(NODE_BURST, "node", limits=limits, timeout_seconds=120)
+    assert result.ok, result.stderr
+    assert result.stdout.splitlines() == [str(i) for i in range(3000)]
+    assert result.stderr.splitlines() == [f"err {i}" for i in range(0, 3000, 500)]
+    code = (
+        "for (let i = 0; i < 2000; i++) console.log(i);\n"
+        "require('child_process').execSync('echo child', {stdio: 'inherit'});\n"
+        "console.log('end');\nprocess.kill(process.pid, 'SIGKILL');\n"
+    )
+    killed = run_code(code, "node", limits=limits, timeout_seconds=60)
+    assert killed.stdout.splitlines() == [str(i) for i in range(2000)] + ["child", "end"]
+    assert killed.exit_code == 137

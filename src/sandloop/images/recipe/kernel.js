@@ -83,6 +83,7 @@ function rewrite(code) {
 }
 
 function reply(message) {
+  if (globalThis.__sandloopFlush) globalThis.__sandloopFlush(); // the cell's output before its end
   const data = Buffer.from(JSON.stringify(message) + "\n");
   let off = 0;
   while (off < data.length) off += fs.writeSync(REPLY_FD, data, off);

@@ -46,7 +46,8 @@ def sandbox_env(relay: bool) -> dict[str, str]:
         "PIP_PROXY": url,
         "npm_config_proxy": url,
         "npm_config_https_proxy": url,
-        "NODE_OPTIONS": "--require /opt/sandloop/egress-fetch.js",
+        # (the image's own NODE_OPTIONS, sandloop_stdio.js, kept: this replaces it)
+        "NODE_OPTIONS": "--require /opt/sandloop/sandloop_stdio.js --require /opt/sandloop/egress-fetch.js",
     }
 
 
