@@ -239,6 +239,7 @@ def test_host_environment_is_not_passed_in(limits, monkeypatch):
         "MPLCONFIGDIR",
         "IPYTHONDIR",
         "NODE_PATH",
+        "NODE_OPTIONS",  # the image's: --require sandloop_stdio.js (issue 60)
         "PIP_BREAK_SYSTEM_PACKAGES",
         "PIP_DISABLE_PIP_VERSION_CHECK",
         "HOSTNAME",

@@ -1,8 +1,8 @@
-"""Output at the pace of a pipe under gVisor (issue 60): Python in a sandbox gathers a burst of
-writes into one (``images/recipe/sandloop_stdio.py``), and none of what made output trustworthy
-is lost: every line whole and in order, stdout and stderr in the order written, a line printed
-before a pause streamed at once, and what was printed before a timeout, an OOM kill or a kill the
-program makes itself kept; on runc and gVisor."""
+"""Output at the pace of a pipe under gVisor (issue 60): Python and Node in a sandbox gather a
+burst of writes into one (``images/recipe/sandloop_stdio.py`` and ``.js``), and none of what made
+output trustworthy is lost: every line whole and in order in its stream, a line printed before a
+pause streamed at once, and what was printed before a timeout, an OOM kill or a kill the program
+makes itself kept; on runc and gVisor."""
 
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ def test_a_burst_arrives_whole_and_in_order(runtime):
     assert result.stderr.splitlines() == [f"err {i}" for i in range(0, 3000, 500)]
 
 
-def test_stdout_and_stderr_keep_the_order_they_were_written_in(runtime):
-    """The two streams arrive by two pipes; what one stream kept goes out before the other's
-    next write, so a reader of both (E2B's interleaved events, a terminal) sees the program's order."""
+def test_streams_written_in_turn_arrive_whole_and_in_order(runtime):
+    """stdout and stderr written in turn, line by line, as they arrive: each whole and in order.
+    (Across the two streams the host reads two pipes, which give no order between them, gathered
+    or not: measured with the image before issue 60 too, a stderr line read before the stdout line
+    written just before it, 1 run in 3.)"""
     seen: list[tuple[str, bytes]] = []
     lock = threading.Lock()
 
@@ -43,10 +45,6 @@ def test_stdout_and_stderr_keep_the_order_they_were_written_in(runtime):
     text = {"stdout": "", "stderr": ""}
     for stream, data in seen:
         text[stream] += data.decode()
-        if stream == "stderr":  # each stderr line came after the stdout line written before it
-            whole = text["stderr"][: text["stderr"].rfind("\n") + 1]  # (a chunk may end mid-line)
-            for line in whole.splitlines()[-5:]:
-                assert f"o {line.split()[1]}\n" in text["stdout"], (line, text["stdout"][-100:])
     assert text["stdout"].splitlines() == [f"o {i}" for i in range(200)]
     assert text["stderr"].splitlines() == [f"e {i}" for i in range(200)]
 

@@ -1,6 +1,7 @@
 """The runtime image's sandloop_stdio (images/recipe/sandloop_stdio.py), loaded on the host: a
 write that comes back short is finished, so no output vanishes (gVisor's pipes return short past
-64 KiB), and each write leaves at once (nothing waits in a buffer)."""
+64 KiB); a write leaves at once (nothing waits in a buffer) unless it is part of a long burst,
+whose writes are gathered and still all arrive, in order, without a flush (issue 60)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,39 @@ def test_it_replaces_only_an_unbuffered_stream(monkeypatch):
         sys.stdout.write("x" * 70000)  # more than the pipe holds: written whole, as it is read
         reader.join(30)
         assert bytes(got) == b"x" * 70000
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_long_burst_is_gathered_and_arrives_whole_without_a_flush():
+    stdio = _module()
+    calls: list[int] = []
+
+    def counted(fd: int, data) -> int:
+        calls.append(1)
+        return os.write(fd, data)
+
+    class Counted(stdio._WholeWrites):
+        def write(self, data, _write=counted):
+            return super().write(data, _write)
+
+    r, w = os.pipe()
+    try:
+        raw = Counted(w, "wb", closefd=False)
+        stdio._streams.append(raw)
+        text = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)
+        for i in range(10):  # a short burst: each write at once, no thread of ours
+            text.write(f"{i}\n")
+        assert len(calls) == 10 and not stdio._flusher[0]
+        wanted = "".join(f"{i}\n" for i in range(3000))
+        for i in range(3000):
+            text.write(f"{i}\n")
+        got = b""
+        while len(got) < len(wanted) + len("0\n1\n2\n3\n4\n5\n6\n7\n8\n9\n"):  # the flusher sends the tail
+            got += os.read(r, 1 << 20)
+        assert got.decode() == "".join(f"{i}\n" for i in range(10)) + wanted
+        assert len(calls) < 3000 / 4  # gathered: far fewer writes than lines
     finally:
         os.close(r)
         os.close(w)

@@ -10,10 +10,11 @@ handler runs). So the raw writer writes the whole of what it is given.
 
 Why gathered (issue 60): under gVisor's ptrace platform every write that reaches a reader costs
 ~0.6 ms (10,000 printed lines took 6.6 s where runc took 0.15 s; the same bytes as one write took
-55 ms). A write that comes within ``CHATTY`` seconds of the one before is kept, and what is kept
+55 ms). Once ``BURST`` writes in a row came each within ``CHATTY`` seconds of the one before, a
+write that comes as quickly is kept, and what is kept
 goes out as one write at most ``FLUSH`` seconds later (a flusher thread, started on the first
-burst), when ``MAX_KEPT`` bytes are kept, when the program writes to the other stream (the two
-keep their order), and before anything else may write to the same files or end the process:
+burst), when ``MAX_KEPT`` bytes are kept, when the program writes to the other stream (gathering
+reorders nothing between them), and before anything else may write to the same files or end the process:
 ``flush()`` and exit (the launcher and the interpreter flush), a fork, a subprocess,
 ``os.system``, an ``exec``, ``os.kill`` (Python's audit events). A line printed on its own still
 leaves at once, so streaming stays streaming and a program that prints and then hangs, is timed
@@ -28,6 +29,8 @@ import sys
 import time
 
 CHATTY = 0.002
+#: Writes in a row within CHATTY of each other before any is kept.
+BURST = 64
 FLUSH = 0.005
 MAX_KEPT = 64 * 1024
 
@@ -51,8 +54,9 @@ class _WholeWrites(io.FileIO):
 
     _kept = None
     _last = 0.0
+    _run = 0  # writes in a row, each within CHATTY of the one before
 
-    def write(self, data):
+    def write(self, data, _write=os.write):
         size = len(data) if isinstance(data, (bytes, bytearray)) else memoryview(data).nbytes
         now = _now()
         with _lock:
@@ -60,7 +64,9 @@ class _WholeWrites(io.FileIO):
                 if other is not self and other._kept:
                     other._drain()
             kept = self._kept
-            if kept or now - self._last < CHATTY:
+            self._run = self._run + 1 if now - self._last < CHATTY else 0
+            self._last = now
+            if (kept or self._run >= BURST) and _flusher_running():
                 if kept is None:
                     kept = self._kept = bytearray()
                 was_empty = not kept
@@ -68,10 +74,9 @@ class _WholeWrites(io.FileIO):
                 if len(kept) >= MAX_KEPT:
                     self._drain()
                 elif was_empty:
-                    _arm()
+                    _wake_flusher()
             else:
-                _write_all(self.fileno(), data)
-            self._last = now
+                _write_all(self.fileno(), data, _write)
         return size
 
     def _drain(self):
@@ -95,14 +100,20 @@ def flush_all():
                     stream._kept.clear()
 
 
-def _arm():
-    """Wake the flusher (started on the first burst: no thread for a program that never has one)."""
+def _flusher_running():
+    """The flusher, started on the first long burst: a program that never has one (most) has no
+    thread of ours. (Under gVisor a thread busy at an OOM kill can take the sandbox's kernel down
+    with it: exit 2 instead of 137, measured with one started at the first kept write.)"""
     if not _flusher[0]:
-        _flusher[0] = True
         try:
             _thread.start_new_thread(_flush_loop, ())
-        except RuntimeError:  # no thread to be had (the pids limit): kept output waits for a flush
-            pass
+        except RuntimeError:  # no thread to be had (the pids limit): every write goes out at once
+            return False
+        _flusher[0] = True
+    return True
+
+
+def _wake_flusher():
     if _wake.locked():
         try:
             _wake.release()
@@ -136,9 +147,8 @@ _FLUSH_BEFORE = frozenset(
 
 
 def _audit(event, args):
-    if event in _FLUSH_BEFORE or event == "subprocess.Popen":
-        if any(stream._kept for stream in _streams):
-            flush_all()
+    if (event in _FLUSH_BEFORE or event == "subprocess.Popen") and any(stream._kept for stream in _streams):
+        flush_all()
 
 
 def _install():
