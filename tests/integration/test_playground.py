@@ -343,9 +343,24 @@ def test_a_session_and_a_run_from_a_template(operator_template, page, tmp_path):
     shot(page, tmp_path, "playground-template")
 
 
+def preview_port(page, port: int, where: str, text: str):
+    """The playground's port preview of ``port``, opened until ``where`` in its frame shows
+    ``text`` (the server inside takes a moment to listen: the preview answers 502 until then)."""
+    page.fill("#preview-port", str(port))
+    frame = page.frame_locator("#port-frame")
+    for _ in range(60):
+        page.click("#open-port")
+        try:
+            expect(frame.locator(where)).to_contain_text(text, timeout=2_000)
+            break
+        except AssertionError:
+            continue
+    return frame
+
+
 def test_a_terminal_panel_types_inside_and_a_port_is_previewed(page, tmp_path):
     """The terminal panel (xterm.js, shipped offline) types into a bash inside the session; a server
-    started there is shown by the port preview (the path form, an opaque origin of its own)."""
+    started there is shown by the port preview (redirected to the preview's own keyed origin)."""
     expect(page.locator("#session-id")).to_have_text(re.compile(r"^s-"), timeout=60_000)
     expect(page.locator("#open-terminal")).to_be_enabled(timeout=60_000)
     page.click("#open-terminal")
@@ -356,15 +371,7 @@ def test_a_terminal_panel_types_inside_and_a_port_is_previewed(page, tmp_path):
     page.keyboard.type("echo typed-$((6*7)) > page.html; cat page.html\n")
     expect(screen).to_contain_text("typed-42", timeout=60_000)
     page.keyboard.type("python3 -m http.server 8000 >/dev/null 2>&1 &\n")
-    page.fill("#preview-port", "8000")
-    frame = page.frame_locator("#port-frame")
-    for _ in range(60):  # the server inside takes a moment to listen: the preview answers 502 until then
-        page.click("#open-port")
-        try:
-            expect(frame.locator("body")).to_contain_text("page.html", timeout=2_000)
-            break
-        except AssertionError:
-            continue
+    frame = preview_port(page, 8000, "body", "page.html")
     expect(frame.locator("body")).to_contain_text("page.html")  # http.server's listing of /workspace
     shot(page, tmp_path, "playground-terminal-and-port")
     page.locator("#terminal").click()
@@ -411,15 +418,7 @@ def test_a_previewed_page_runs_on_its_own_origin_and_sees_no_token(page, tmp_pat
             json={"code": "import subprocess; subprocess.Popen(['python3', '/workspace/serve.py'], cwd='/workspace')"},
         )
         assert cell.status_code == 200, cell.text
-    page.fill("#preview-port", "8000")
-    frame = page.frame_locator("#port-frame")
-    for _ in range(60):  # the server inside takes a moment to listen: the preview answers 502 until then
-        page.click("#open-port")
-        try:
-            expect(frame.locator("#out")).to_contain_text("origin", timeout=2_000)
-            break
-        except AssertionError:
-            continue
+    frame = preview_port(page, 8000, "#out", "origin")
     seen = json.loads(frame.locator("#out").inner_text())
     port = page.base_url.rsplit(":", 1)[1]
     # the preview's own keyed origin, not the API's

@@ -78,7 +78,8 @@ def http_protocol(seconds: float = HEAD_TIMEOUT_SECONDS, preview: Preview | None
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from sandloop.server.preview import MAX_HEAD, Relay
+    from sandloop.server.preview import MAX_HEAD
+    from sandloop.server.relay import Relay
 
     class HeadTimeoutProtocol(H11Protocol):
         """uvicorn's h11 protocol; a request head not whole within ``seconds`` closes the connection."""
